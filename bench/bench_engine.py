@@ -1,0 +1,79 @@
+"""Event-kernel benchmarks. Gates are ratios measured in the same run (native kernel vs the
+pure-Python reference on the same workload), never absolute times: the machines are noisy.
+
+DESIGN.md budget: >= 4 M events/s with 10 K events pending, and >= 20x the reference.
+"""
+import time
+
+import pytest
+
+from cmemu._core import make_engine
+from cmemu._core.synthetic import hold_workload, traffic_workload
+from cmemu.spec import load_system
+from cmemu.topology import build_topology
+
+HOLD_PENDING = 10_000
+MIN_SPEEDUP_HOLD = 20.0
+MIN_SPEEDUP_TRAFFIC = 10.0
+
+
+def _best_rate(lowered, native, rounds):
+    """Best events/s over a few rounds (the least disturbed by other load)."""
+    best = 0.0
+    for _ in range(rounds):
+        engine = make_engine(lowered, native=native)
+        t0 = time.perf_counter()
+        engine.run()
+        dt = time.perf_counter() - t0
+        best = max(best, engine.events / dt)
+    return best, engine
+
+
+def _engine_run(lowered):
+    engine = make_engine(lowered, native=True)
+    return (engine,), {}
+
+
+@pytest.fixture(scope="module")
+def hold():
+    return hold_workload(chains=HOLD_PENDING, ops_per_chain=20, seed=0)
+
+
+def test_event_kernel_hold(benchmark, hold):
+    """The hold model: 10 K chains, so 10 K events stay pending; 400 K events per run."""
+    benchmark.pedantic(lambda e: e.run(), setup=lambda: _engine_run(hold), rounds=5)
+    native, e = _best_rate(hold, native=True, rounds=5)
+    reference, _ = _best_rate(hold, native=False, rounds=2)
+    assert e.max_pending == HOLD_PENDING
+    ratio = native / reference
+    benchmark.extra_info.update(
+        native_events_per_s=round(native), reference_events_per_s=round(reference), speedup=round(ratio, 1)
+    )
+    print(f"\nhold, {HOLD_PENDING:,} pending: native {native / 1e6:.2f} M events/s, "
+          f"reference {reference / 1e6:.3f} M events/s, speedup {ratio:.1f}x")
+    assert ratio >= MIN_SPEEDUP_HOLD
+
+
+def test_event_kernel_packet_hops(benchmark):
+    """Random messages on the mini system: packet hops, link queueing and delivery."""
+    topo = build_topology(load_system("mini"))
+    lowered = traffic_workload(topo, messages=3000, seed=1)
+    benchmark.pedantic(lambda e: e.run(), setup=lambda: _engine_run(lowered), rounds=5)
+    native, e = _best_rate(lowered, native=True, rounds=5)
+    reference, _ = _best_rate(lowered, native=False, rounds=2)
+    ratio = native / reference
+    benchmark.extra_info.update(
+        native_events_per_s=round(native), reference_events_per_s=round(reference), speedup=round(ratio, 1),
+        packets=lowered.num_packets,
+    )
+    print(f"\npacket hops ({lowered.num_packets:,} packets, {e.events:,} events): native "
+          f"{native / 1e6:.2f} M events/s, reference {reference / 1e6:.3f} M events/s, speedup {ratio:.1f}x")
+    assert ratio >= MIN_SPEEDUP_TRAFFIC
+
+
+def test_cost_per_event_flat_as_work_grows():
+    """Cost per event may grow with log(pending) but not with the number of ops."""
+    small, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=20), native=True, rounds=3)
+    large, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=400), native=True, rounds=3)
+    print(f"\nsame pending, 20x the ops: {small / 1e6:.2f} -> {large / 1e6:.2f} M events/s")
+    assert large >= 0.5 * small

@@ -1,0 +1,194 @@
+"""The hardware description: frozen dataclasses, units in every physical field's name.
+
+Every physical value carries its provenance in the dataclass's ``sources`` mapping (field name ->
+source string, "assumed: why" where nothing is published). Presets (TOML, see ``presets/``) are
+the only place values are written down; code reads them from here and never repeats a number.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+def _frozen_map(m=None) -> Mapping[str, str]:
+    return MappingProxyType(dict(m or {}))
+
+
+@dataclass(frozen=True)
+class DieSpec:
+    """One Ascend 910C die: the unit software sees as a rank (SPEC.md section 2.1)."""
+
+    aic_cores: int
+    aiv_cores: int
+    ai_core_clock_mhz: float
+    cube_macs_per_cycle_bf16: int
+    cube_macs_per_cycle_int8: int
+    vector_bytes_per_cycle: int
+    hbm_capacity_gbyte: float
+    hbm_bandwidth_gbyte_per_s: float
+    hbm_read_latency_cycles: int
+    hbm_write_latency_cycles: int
+    l2_cache_mib: int
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "die")
+
+    @property
+    def cube_peak_flop_per_s_bf16(self) -> float:
+        # One MAC is two floating-point operations.
+        return self.aic_cores * self.cube_macs_per_cycle_bf16 * 2 * self.ai_core_clock_mhz * 1e6
+
+    @property
+    def cube_peak_op_per_s_int8(self) -> float:
+        return self.aic_cores * self.cube_macs_per_cycle_int8 * 2 * self.ai_core_clock_mhz * 1e6
+
+    @property
+    def vector_peak_byte_per_s(self) -> float:
+        return self.aiv_cores * self.vector_bytes_per_cycle * self.ai_core_clock_mhz * 1e6
+
+
+@dataclass(frozen=True)
+class UBSpec:
+    """The Unified Bus fabric: per-die ports, L1/L2 switch chips of the two-tier Clos (2.4)."""
+
+    sub_planes: int
+    die_ports: int
+    link_rate_gbit_per_s: float
+    link_latency_ns: float
+    switch_latency_ns: float
+    l1_uplinks_per_chip: int
+    l2_chips_per_sub_plane: int
+    l2_ports_per_chip: int
+    transport_mtu_byte: int
+    cpu_bandwidth_gbyte_per_s: float
+    cpu_ports: int
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "ub")
+
+    @property
+    def link_rate_byte_per_s(self) -> int:
+        # 224 Gb/s on the wire is 28 GB/s of payload-bearing bytes.
+        return round(self.link_rate_gbit_per_s * 1e9 / 8)
+
+    @property
+    def cpu_link_rate_byte_per_s(self) -> int:
+        return round(self.cpu_bandwidth_gbyte_per_s * 1e9 / self.cpu_ports)
+
+
+@dataclass(frozen=True)
+class D2DSpec:
+    """The die-to-die link between the two dies of one 910C package."""
+
+    rate_gbyte_per_s: float
+    latency_ns: float
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "d2d")
+
+    @property
+    def rate_byte_per_s(self) -> int:
+        return round(self.rate_gbyte_per_s * 1e9)
+
+
+@dataclass(frozen=True)
+class RDMASpec:
+    """The RDMA (RoCE) plane: one port per die into a non-blocking switch."""
+
+    rate_gbit_per_s: float
+    link_latency_ns: float
+    mtu_byte: int
+    switch_latency_ns: float
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "rdma")
+
+    @property
+    def rate_byte_per_s(self) -> int:
+        return round(self.rate_gbit_per_s * 1e9 / 8)
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """A whole supernode: nodes of NPUs (two dies each) and CPUs on one UB fabric."""
+
+    name: str
+    description: str
+    nodes: int
+    npus_per_node: int
+    dies_per_npu: int
+    cpus_per_node: int
+    die: DieSpec
+    ub: UBSpec
+    d2d: D2DSpec
+    rdma: RDMASpec
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "")
+        if self.ub.die_ports != self.ub.sub_planes:
+            raise ValueError(
+                f"ub.die_ports ({self.ub.die_ports}) must equal ub.sub_planes "
+                f"({self.ub.sub_planes}): each die has one port to the L1 chip of each sub-plane"
+            )
+        if self.ub.cpu_ports != self.ub.sub_planes:
+            raise ValueError(
+                f"ub.cpu_ports ({self.ub.cpu_ports}) must equal ub.sub_planes ({self.ub.sub_planes})"
+            )
+        if self.ub.l2_chips_per_sub_plane > self.ub.l1_uplinks_per_chip:
+            raise ValueError(
+                f"ub.l2_chips_per_sub_plane ({self.ub.l2_chips_per_sub_plane}) exceeds "
+                f"ub.l1_uplinks_per_chip ({self.ub.l1_uplinks_per_chip}): some L2 chip would "
+                "have no link to some L1 chip"
+            )
+        ports_needed = -(-self.nodes * self.ub.l1_uplinks_per_chip // self.ub.l2_chips_per_sub_plane)
+        if ports_needed > self.ub.l2_ports_per_chip:
+            raise ValueError(
+                f"{self.nodes} nodes x {self.ub.l1_uplinks_per_chip} uplinks need {ports_needed} "
+                f"ports on some L2 chip, more than ub.l2_ports_per_chip ({self.ub.l2_ports_per_chip})"
+            )
+
+    @property
+    def dies(self) -> int:
+        return self.nodes * self.npus_per_node * self.dies_per_npu
+
+    @property
+    def npus(self) -> int:
+        return self.nodes * self.npus_per_node
+
+    @property
+    def cpus(self) -> int:
+        return self.nodes * self.cpus_per_node
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict of every value and its source (stored in each timeline)."""
+        return _to_dict(self)
+
+
+def _to_dict(obj) -> dict:
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            out[f.name] = _to_dict(v)
+        elif f.name == "sources":
+            out[f.name] = dict(v)
+        else:
+            out[f.name] = v
+    return out
+
+
+def _require_positive(obj, section: str) -> None:
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not v > 0:
+            name = f"{section}.{f.name}" if section else f.name
+            raise ValueError(f"{name} must be > 0, got {v!r}")
