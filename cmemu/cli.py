@@ -1,0 +1,137 @@
+"""The ``cmemu`` command line. Every CmemuError becomes one line on stderr and exit status 2."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from cmemu.errors import CmemuError
+
+EXIT_INPUT_ERROR = 2
+
+
+def _fail(message: str) -> None:
+    click.echo(f"cmemu: error: {message}", err=True)
+    sys.exit(EXIT_INPUT_ERROR)
+
+
+def reports_errors(fn):
+    """Turn CmemuError (bad trace, bad preset, blocked run) into one line and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CmemuError as exc:
+            _fail(str(exc))
+
+    return wrapper
+
+
+def _system_options(fn):
+    fn = click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="PATH=VALUE",
+        help="Override a spec field, e.g. --set ub.link_rate_gbit_per_s=200 (repeatable).",
+    )(fn)
+    fn = click.option("--system", "-s", default=None, metavar="NAME", help="System preset (see `cmemu presets`).")(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cmemu")
+def main():
+    """cmemu: a cycle-approximate emulator of the Huawei CloudMatrix384 supernode."""
+
+
+@main.command()
+@click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="HDF5 timeline to write [default: TRACE's name with .h5, in the current folder].")
+@_system_options
+@click.option("--engine", type=click.Choice(["native", "reference"]), default="native", show_default=True,
+              help="The Cython kernel, or its pure-Python reference (slow; for checking).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress line and no summary.")
+@reports_errors
+def run(trace, output, system, overrides, engine, quiet):
+    """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
+    from cmemu.run import run_trace
+
+    if output is None:
+        stem = trace.name.removesuffix(".jsonl").removesuffix(".json")
+        output = Path(stem + ".h5")
+    r = run_trace(trace, system=system, overrides=overrides, output=output,
+                  native=(engine == "native"), progress=not quiet)
+    if quiet:
+        return
+    L = r.lowered
+    by_type = {}
+    from cmemu.lower import OP_TYPES
+
+    for code in L.op_type:
+        by_type[OP_TYPES[code]] = by_type.get(OP_TYPES[code], 0) + 1
+    types = ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items()))
+    rate = r.events / r.wall_time_s if r.wall_time_s > 0 else float("inf")
+    click.echo(f"cmemu run {trace} on {r.spec.name} ({r.spec.dies} dies)")
+    click.echo(f"  simulated time  {r.sim_end_ps / 1e6:,.3f} us")
+    click.echo(f"  ops             {L.num_ops:,} ({types})")
+    click.echo(f"  messages        {L.num_messages:,} ({L.num_packets:,} packets, {int(L.msg_bytes.sum()):,} B)")
+    click.echo(f"  events          {r.events:,} (at most {r.max_pending_events:,} pending)")
+    click.echo(f"  wall time       {r.wall_time_s:.3f} s ({rate / 1e6:.2f} M events/s)")
+    click.echo(f"  timeline        {output}")
+
+
+@main.command()
+@_system_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (units in the keys).")
+@reports_errors
+def topo(system, overrides, as_json):
+    """Print the wiring of a system: dies, CPUs, switch chips, links, L2 ports, bisection."""
+    from cmemu.run import DEFAULT_SYSTEM
+    from cmemu.spec import load_system
+    from cmemu.topology import build_topology
+
+    s = build_topology(load_system(system or DEFAULT_SYSTEM, overrides)).summary()
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+        return
+    click.echo(f"system {s['system']}")
+    rows = [
+        ("nodes", f"{s['nodes']}"),
+        ("NPUs / dies", f"{s['npus']} / {s['dies']}"),
+        ("CPUs", f"{s['cpus']}"),
+        ("sub-planes", f"{s['sub_planes']}"),
+        ("L1 switch chips", f"{s['l1_chips']} ({s['sub_planes']} per node)"),
+        ("L2 switch chips", f"{s['l2_chips']} ({s['l2_chips_per_sub_plane']} per sub-plane)"),
+        ("directed links", f"{s['links_directed']:,}"),
+        ("L2 ports used", f"{s['l2_ports_used']:,} of {s['l2_ports_available']:,} "
+                          f"({s['l2_port_utilisation_percent']:.1f}%)"),
+        ("UB link rate", f"{s['ub_link_rate_gbyte_per_s']:.1f} GB/s per direction"),
+        ("UB per die", f"{s['die_ub_bandwidth_gbyte_per_s']:.1f} GB/s per direction"),
+        ("uplink per node", f"{s['node_uplink_bandwidth_gbyte_per_s']:,.1f} GB/s per direction"),
+        ("bisection", f"{s['bisection_bandwidth_gbyte_per_s']:,.1f} GB/s per direction"),
+    ]
+    for k, v in rows:
+        click.echo(f"  {k:<17} {v}")
+    click.echo("  links by kind")
+    for k, v in s["links_by_kind"].items():
+        click.echo(f"    {k:<20} {v:,}")
+
+
+@main.command()
+@reports_errors
+def presets():
+    """List the shipped system presets."""
+    from cmemu.spec import list_presets, load_system
+
+    for name in list_presets():
+        click.echo(f"{name:<20} {load_system(name).description}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""End-to-end replays: timings computed by hand, dependency and stream order, blocked runs,
+determinism, and the `cmemu run` command line."""
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from cmemu.errors import SimulationError, TraceError
+from cmemu.run import run_trace
+from cmemu.spec import load_system
+from cmemu.topology import build_topology
+from conftest import TRACES
+
+SER_512_AT_28G = math.ceil(512e12 / 28e9)  # 18286 ps: 512 B on a 28 GB/s UB link
+SER_4096_AT_28G = math.ceil(4096e12 / 28e9)  # 146286 ps
+WIRE = 10_000  # ub.link_latency_ns = 10 (preset)
+SWITCH = 200_000  # ub.switch_latency_ns = 200 (preset)
+
+
+def write_trace(tmp_path, nodes, name="t.json", system="mini"):
+    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": system, "nodes": nodes}
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def send(i, rank, dst, size, stream=0, tag=0, **kw):
+    return {"id": i, "type": "COMM_SEND", "rank": rank, "stream": stream,
+            "attrs": {"comm_dst": dst, "comm_size": size, "comm_tag": tag, **kw}}
+
+
+def recv(i, rank, src, size, stream=0, tag=0, **kw):
+    return {"id": i, "type": "COMM_RECV", "rank": rank, "stream": stream,
+            "attrs": {"comm_src": src, "comm_size": size, "comm_tag": tag, **kw}}
+
+
+def comp(i, rank, ns, stream=0, deps=()):
+    return {"id": i, "type": "COMP", "rank": rank, "stream": stream, "data_deps": list(deps),
+            "attrs": {"cmemu.duration_ns": ns}}
+
+
+def times(result):
+    return {int(n): (int(s), int(e)) for n, s, e in
+            zip(result.lowered.op_node_id, result.op_start_ps, result.op_end_ps)}
+
+
+def test_send_recv_intra_node_by_hand(tmp_path):
+    # Die 0 -> die 2 (same node, different NPU): die -> L1 -> die, one 512 B packet.
+    t = times(run_trace(write_trace(tmp_path, [send(0, 0, 2, 512), recv(1, 2, 0, 512)]), progress=False))
+    assert t[0] == (0, SER_512_AT_28G)  # the send ends when its last byte left the die
+    assert t[1] == (0, 2 * SER_512_AT_28G + WIRE + (WIRE + SWITCH))
+
+
+def test_send_recv_inter_node_by_hand(tmp_path):
+    # Die 0 (node 0) -> die 16 (node 1): die -> L1 -> L2 -> L1 -> die, three switch traversals.
+    t = times(run_trace(write_trace(tmp_path, [send(0, 0, 16, 512), recv(1, 16, 0, 512)]), progress=False))
+    assert t[1][1] == 4 * SER_512_AT_28G + WIRE + 3 * (WIRE + SWITCH)
+
+
+def test_send_recv_die_to_die_by_hand(tmp_path):
+    # Die 0 -> die 1, its twin: the 270 GB/s die-to-die link with 100 ns latency (preset).
+    t = times(run_trace(write_trace(tmp_path, [send(0, 0, 1, 512), recv(1, 1, 0, 512)]), progress=False))
+    assert t[1][1] == math.ceil(512e12 / 270e9) + 100_000
+
+
+def test_multi_packet_message_sprays_over_planes(tmp_path):
+    # 14 packets of 4 KiB over 7 sub-planes: two per plane, back to back on each die port;
+    # store and forward: the second packet leaves the L1 chip after it has fully arrived.
+    size = 14 * 4096
+    r = run_trace(write_trace(tmp_path, [send(0, 0, 2, size), recv(1, 2, 0, size)]), progress=False)
+    t = times(r)
+    assert t[0][1] == 2 * SER_4096_AT_28G
+    assert t[1][1] == 2 * SER_4096_AT_28G + WIRE + SER_4096_AT_28G + WIRE + SWITCH
+    die_up = r.topology.ep_up[0]
+    np.testing.assert_array_equal(r.link_bytes[die_up], [2 * 4096] * 7)
+    assert r.link_bytes.sum() == 2 * size  # two links per packet, bytes conserved
+
+
+def test_receive_posted_late_ends_at_once(tmp_path):
+    # The message is delivered long before the receive's dependency ends: the receive takes 0.
+    nodes = [send(0, 0, 2, 512), comp(1, 2, 5_000), recv(2, 2, 0, 512)]
+    t = times(run_trace(write_trace(tmp_path, nodes), progress=False))
+    assert t[2] == (5_000_000, 5_000_000)
+
+
+def test_stream_order_and_dependencies(tmp_path):
+    nodes = [
+        comp(0, 0, 100),                    # rank 0 stream 0
+        comp(1, 0, 50),                     # same stream: after node 0
+        comp(2, 0, 30, stream=1),           # other stream: concurrent with node 0
+        comp(3, 5, 10, deps=[1, 2]),        # another rank, after both
+        {"id": 4, "type": "COMP", "rank": 5, "stream": 1, "ctrl_deps": [0],
+         "attrs": {"cmemu.duration_ns": 1}},
+    ]
+    t = times(run_trace(write_trace(tmp_path, nodes), progress=False))
+    assert t[0] == (0, 100_000)
+    assert t[1] == (100_000, 150_000)
+    assert t[2] == (0, 30_000)
+    assert t[3] == (150_000, 160_000)
+    assert t[4] == (100_000, 101_000)
+
+
+def test_hbm_accesses_queue_on_their_die(tmp_path):
+    # 1.6 MB at 1.6 TB/s = 1 us of service; read latency 347 cycles at 1.8 GHz = 192.778 ns.
+    load = {"type": "MEM_LOAD", "rank": 3, "attrs": {"tensor_size": 1_600_000}}
+    nodes = [{"id": 0, **load}, {"id": 1, "stream": 1, **load},
+             {"id": 2, "type": "MEM_STORE", "rank": 4, "attrs": {"tensor_size": 1_600_000}}]
+    t = times(run_trace(write_trace(tmp_path, nodes), progress=False))
+    lat = round(347 * 1e6 / 1800)
+    assert t[0] == (0, 1_000_000 + lat)
+    assert t[1] == (0, 2_000_000 + lat)  # waited for the first on the same HBM
+    assert t[2] == (0, 1_000_000 + round(203 * 1e6 / 1800))  # another die: no wait
+
+
+def test_roofline_compute(tmp_path):
+    # 1e12 bf16 flops on all 24 AIC at 353.89 TFLOPS, and on 12 AIC (half the cores).
+    nodes = [
+        {"id": 0, "type": "COMP", "rank": 0, "attrs": {"num_ops": 1e12}},
+        {"id": 1, "type": "COMP", "rank": 1, "attrs": {"num_ops": 1e12, "cmemu.cores": 12}},
+        {"id": 2, "type": "COMP", "rank": 2, "attrs": {"num_ops": 1e3, "tensor_size": 16_000_000}},
+    ]
+    t = times(run_trace(write_trace(tmp_path, nodes), progress=False))
+    peak = 24 * 4096 * 2 * 1.8e9
+    assert t[0][1] == math.ceil(1e12 / peak * 1e12)
+    assert t[1][1] == math.ceil(2e12 / peak * 1e12)
+    assert t[2][1] == 10_000_000  # memory-bound: 16 MB at 1.6 TB/s
+
+
+def test_send_recv_deadlock_is_caught_before_the_run(tmp_path):
+    # Each rank waits to receive before it sends: a cycle through the messages, found statically.
+    nodes = [recv(0, 0, 1, 64), send(1, 0, 1, 64), recv(2, 1, 0, 64), send(3, 1, 0, 64)]
+    with pytest.raises(TraceError, match=r"node 0: .*dependency cycle: 0 -> 3 -> 2 -> 1 -> 0"):
+        run_trace(write_trace(tmp_path, nodes), progress=False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_engine_names_blocked_ops_instead_of_hanging(native):
+    # Lowered arrays that bypass validation: the only send depends on its own receive.
+    from cmemu._core.synthetic import _lowered
+    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND
+    from cmemu.lower.comm import MessageTable
+    from cmemu.run import simulate
+
+    topo = build_topology(load_system("mini"))
+    table = MessageTable()
+    table.add(topo, 0, 2, 64, "ub", send_op=0, recv_op=1)
+    L = _lowered([OP_KIND_SEND, OP_KIND_RECV], [0, 0], [1], [0], table,
+                 topo.link_rate_byte_per_s, topo.link_latency_ps, op_msg=[0, 0], rank=[0, 2])
+    with pytest.raises(SimulationError) as err:
+        simulate(L, native=native)
+    msg = str(err.value)
+    assert "2 of 2 ops are blocked" in msg
+    assert "node 1 'op1' (COMM_RECV, rank 2, stream 0) waits for its message from node 0" in msg
+    assert "which never started" in msg
+
+
+def test_rdma_plane(tmp_path):
+    nodes = [send(0, 0, 20, 512, **{"cmemu.plane": "rdma"}), recv(1, 20, 0, 512, **{"cmemu.plane": "rdma"})]
+    t = times(run_trace(write_trace(tmp_path, nodes), progress=False))
+    ser = math.ceil(512e12 / 25e9)  # 200 Gb/s
+    assert t[1][1] == 2 * ser + 500_000 + (500_000 + 600_000)
+
+
+def _datasets(path):
+    out = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def test_determinism_identical_datasets(tmp_path):
+    trace = TRACES / "mini_moe_layer.json"
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    run_trace(trace, output=a, progress=False)
+    run_trace(trace, output=b, progress=False)
+    da, db = _datasets(a), _datasets(b)
+    assert da.keys() == db.keys() and len(da) >= 15
+    for k in da:
+        np.testing.assert_array_equal(da[k], db[k], err_msg=k)
+
+
+def test_native_and_reference_give_the_same_timeline(tmp_path):
+    nodes = [comp(0, 0, 10), send(1, 0, 17, 20_000), recv(2, 17, 0, 20_000), send(3, 5, 17, 9000, tag=1),
+             recv(4, 17, 5, 9000, tag=1, stream=1), comp(5, 17, 3, deps=[2, 4])]
+    path = write_trace(tmp_path, nodes)
+    a = run_trace(path, progress=False, native=True)
+    b = run_trace(path, progress=False, native=False)
+    np.testing.assert_array_equal(a.op_start_ps, b.op_start_ps)
+    np.testing.assert_array_equal(a.op_end_ps, b.op_end_ps)
+    np.testing.assert_array_equal(a.link_busy_ps, b.link_busy_ps)
+    assert a.events == b.events
+
+
+def test_cli_run_writes_timeline_and_summary(cli, tmp_path):
+    out = tmp_path / "layer.h5"
+    proc = cli("run", TRACES / "mini_moe_layer.json", "-o", out)
+    assert "simulated time" in proc.stdout and " us" in proc.stdout
+    assert "wall time" in proc.stdout and "events" in proc.stdout
+    with h5py.File(out) as f:
+        assert f.attrs["format"] == "cmemu.timeline" and f.attrs["version"] == 1
+        assert f.attrs["preset"] == "mini"
+        assert json.loads(f.attrs["spec_json"])["nodes"] == 2
+        n = f["ops/start_ps"].shape[0]
+        assert n == len(json.loads((TRACES / "mini_moe_layer.json").read_text())["nodes"])
+        assert np.all(f["ops/end_ps"][:] >= f["ops/start_ps"][:])
+        assert f.attrs["sim_end_ps"] == f["ops/end_ps"][:].max()
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_cli_default_output_name(cli, tmp_path):
+    path = write_trace(tmp_path, [comp(0, 0, 1)], name="tiny.json")
+    cli("run", path, "--quiet", cwd=tmp_path)
+    assert (tmp_path / "tiny.h5").is_file()
+
+
+@pytest.mark.parametrize(
+    "nodes, words",
+    [
+        ([{"id": 0, "type": "FLY", "rank": 0}], ["node 0", "type"]),
+        ([comp(0, 999, 1)], ["node 0", "rank"]),
+        ([recv(0, 1, 0, 64)], ["node 0", "comm_src"]),
+        ([recv(0, 0, 1, 64), send(1, 0, 1, 64), recv(2, 1, 0, 64), send(3, 1, 0, 64)], ["node 0", "cycle"]),
+    ],
+)
+def test_cli_bad_input_exit_2_one_line_no_output(cli, tmp_path, nodes, words):
+    path = write_trace(tmp_path, nodes)
+    out = tmp_path / "out.h5"
+    proc = cli("run", path, "-o", out, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cmemu: error: ")
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in lines[0]
+    assert not out.exists() and not list(tmp_path.glob("*.h5*")) and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_cli_bad_override_exit_2(cli, tmp_path):
+    proc = cli("run", TRACES / "mini_moe_layer.json", "--set", "ub.warp_speed=9", "-o", tmp_path / "o.h5", check=False)
+    assert proc.returncode == 2 and "ub.warp_speed" in proc.stderr
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_cli_missing_trace_exit_2(cli, tmp_path):
+    proc = cli("run", tmp_path / "nope.json", check=False)
+    assert proc.returncode == 2 and "nope.json" in proc.stderr
