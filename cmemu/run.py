@@ -143,10 +143,11 @@ def run_trace(
 
     t0 = time.perf_counter()
     trace_path = Path(trace_path)
-    doc, _sha = read_trace(trace_path)
-    spec = resolve_system(doc.get("system") if isinstance(doc, dict) else None, system, overrides)
+    read = read_trace(trace_path)
+    header_system = read[0].get("system") if isinstance(read[0], dict) else None
+    spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
     topo = build_topology(spec)
-    trace = load_trace(trace_path, num_ranks=spec.dies)
+    trace = load_trace(trace_path, num_ranks=spec.dies, read=read)
     lowered = lower(trace, topo)
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
     engine = simulate(lowered, native=native, progress=prog)

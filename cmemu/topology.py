@@ -25,6 +25,7 @@ from functools import cached_property
 import numpy as np
 
 from cmemu.spec.model import SystemSpec
+from cmemu.units import ns_to_ps
 
 # Vertex kinds.
 V_DIE, V_CPU, V_L1, V_L2, V_RDMA = range(5)
@@ -53,10 +54,6 @@ LINK_KIND_NAMES = (
     "rdma_die_to_switch",
     "rdma_switch_to_die",
 )
-
-
-def _ns_to_ps(ns: float) -> int:
-    return int(round(ns * 1000))
 
 
 @dataclass(frozen=True)
@@ -214,8 +211,8 @@ def build_topology(spec: SystemSpec) -> Topology:
     vertex_kind[rdma_vertex] = V_RDMA
 
     src, dst, kind, rate, lat = [], [], [], [], []
-    wire_ps = _ns_to_ps(ub.link_latency_ns)
-    switch_ps = _ns_to_ps(ub.switch_latency_ns)
+    wire_ps = ns_to_ps(ub.link_latency_ns)
+    switch_ps = ns_to_ps(ub.switch_latency_ns)
 
     def add(a, b, k, r, latency_ps):
         src.append(a)
@@ -258,11 +255,11 @@ def build_topology(spec: SystemSpec) -> Topology:
     d2d = np.full(D, -1, dtype=np.int32)
     if spec.dies_per_npu == 2:
         for die in range(D):
-            d2d[die] = add(die, die ^ 1, L_D2D, spec.d2d.rate_byte_per_s, _ns_to_ps(spec.d2d.latency_ns))
+            d2d[die] = add(die, die ^ 1, L_D2D, spec.d2d.rate_byte_per_s, ns_to_ps(spec.d2d.latency_ns))
     rdma_up = np.empty(D, dtype=np.int32)
     rdma_down = np.empty(D, dtype=np.int32)
-    rdma_link_ps = _ns_to_ps(spec.rdma.link_latency_ns)
-    rdma_switch_ps = _ns_to_ps(spec.rdma.switch_latency_ns)
+    rdma_link_ps = ns_to_ps(spec.rdma.link_latency_ns)
+    rdma_switch_ps = ns_to_ps(spec.rdma.switch_latency_ns)
     for die in range(D):
         rdma_up[die] = add(die, rdma_vertex, L_RDMA_UP, spec.rdma.rate_byte_per_s, rdma_link_ps)
         rdma_down[die] = add(rdma_vertex, die, L_RDMA_DOWN, spec.rdma.rate_byte_per_s, rdma_link_ps + rdma_switch_ps)

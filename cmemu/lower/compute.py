@@ -12,6 +12,7 @@ import math
 
 from cmemu.errors import TraceError
 from cmemu.spec.model import DieSpec
+from cmemu.units import ns_to_ps
 
 _DTYPE_BYTES = {"int8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 
@@ -34,7 +35,7 @@ def comp_duration_ps(node, die: DieSpec, path: str) -> int:
     """Duration of a COMP node in picoseconds."""
     attrs = node.attrs
     if "cmemu.duration_ns" in attrs:
-        return int(round(attrs["cmemu.duration_ns"] * 1000))
+        return ns_to_ps(attrs["cmemu.duration_ns"])
     unit = attrs.get("cmemu.unit", "aic")
     dtype = attrs.get("cmemu.dtype", "bf16")
     total = die.aic_cores if unit == "aic" else die.aiv_cores

@@ -1,0 +1,773 @@
+"""Trace IR v1: reading, checking and loading cmemu's native operator trace.
+
+A trace is a JSON document (or JSONL, one node per line) in the spirit of MLCommons Chakra: a
+header and a list of nodes, each a compute op, one side of a point-to-point message, or a memory
+transfer, placed on a rank (a die of the system) and a stream. docs/trace-format.md is the
+reference; ``schema/trace-v1.schema.json`` is the shipped contract for what one file may hold.
+
+This module checks everything a single file can get wrong (fields, types, ranges, references,
+message matching, dependency cycles) with plain Python, one pass per node, so that 10^5 nodes
+check in a fraction of a second; jsonschema is never used at run time. What it leaves to the
+lowering: whether a preset has as many cores as ``cmemu.cores`` asks for, and what an op costs.
+``COMM_COLL`` is recognised but rejected: collectives are not part of trace v1 yet.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+
+from cmemu.errors import TraceError
+from cmemu.units import ns_to_ps  # noqa: F401 (re-exported)
+
+SCHEMA = "cmemu.trace"
+VERSION = 1
+NODE_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE")
+_NODE_TYPE_SET = frozenset(NODE_TYPES)
+# Chakra node types that cmemu knows of but cannot run yet: named in the error, not "unknown".
+_NOT_YET = ("COMM_COLL",)
+
+COMP_UNITS = ("aic", "aiv")
+COMP_DTYPES = ("bf16", "fp16", "int8", "fp32")
+COMM_PLANES = ("ub", "rdma")
+
+# JSON numbers beyond 2**53 are not exact in a double, so no tool chain can be trusted with them.
+MAX_INT = 2**53
+# The core's clock is an int64 count of picoseconds; 2**62 leaves headroom for sums of durations.
+MAX_PS = 2**62
+
+_HEADER_KEYS = frozenset({"schema", "version", "time_unit", "system", "description", "nodes"})
+_NODE_KEYS = frozenset({"id", "name", "type", "rank", "stream", "data_deps", "ctrl_deps", "attrs"})
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One trace node, checked, with defaults filled in.
+
+    ``attrs`` holds every attribute of the node's type that has a default (e.g. ``comm_tag``,
+    ``cmemu.plane``, ``cmemu.unit``), the ones given, and ``x-`` attributes as written.
+    ``cmemu.cores`` is absent when not given (meaning: all cores of the unit).
+    """
+
+    id: int
+    name: str
+    type: str
+    rank: int
+    stream: int
+    data_deps: tuple[int, ...]
+    ctrl_deps: tuple[int, ...]
+    attrs: dict = field(hash=False)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A loaded, valid trace. ``nodes`` are in file order; ``header`` is everything but nodes."""
+
+    path: str
+    sha256: str
+    header: dict
+    nodes: list[Node]
+    system: str | None
+
+    @cached_property
+    def by_id(self) -> dict[int, Node]:
+        return {node.id: node for node in self.nodes}
+
+
+def schema_path():
+    """The shipped JSON Schema (draft 2020-12) of trace v1, as a path-like Traversable."""
+    return resources.files("cmemu.trace") / "schema" / "trace-v1.schema.json"
+
+
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while a trace is parsed and checked.
+
+    Parsing and checking allocate millions of small objects, none of them in a cycle; with the
+    collector on, it rescans the whole growing trace again and again (about half the load time).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+# --------------------------------------------------------------------------------------- reading
+
+
+def read_trace(path) -> tuple[dict, str]:
+    """Parse a trace file into ``(doc, sha256)``; ``doc`` has the JSON document's shape.
+
+    ``.jsonl`` files hold the header object (without ``nodes``) on their first non-blank line and
+    one node object on each further non-blank line; anything else is read as one JSON document.
+    Raises TraceError for a missing or unreadable file and for malformed JSON (line and column).
+    """
+    spath = str(path)
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise TraceError(spath, "no such file") from None
+    except IsADirectoryError:
+        raise TraceError(spath, "is a directory, not a trace file") from None
+    except OSError as exc:
+        raise TraceError(spath, f"cannot read: {exc.strerror}") from None
+    sha256 = hashlib.sha256(data).hexdigest()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceError(spath, f"not UTF-8 text: invalid byte at line {line}") from None
+    with _gc_paused():
+        if p.suffix == ".jsonl":
+            return _parse_jsonl(text, spath), sha256
+        return _parse_json(text, spath, 0), sha256
+
+
+def _parse_json(text: str, spath: str, line_offset: int):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(
+            spath,
+            f"invalid JSON at line {exc.lineno + line_offset} column {exc.colno}: {exc.msg}",
+        ) from None
+    except RecursionError:
+        raise TraceError(spath, "invalid JSON: nested too deeply") from None
+
+
+def _parse_jsonl(text: str, spath: str) -> dict:
+    header = None
+    nodes = []
+    for lineno, line in enumerate(text.split("\n")):
+        if not line.strip():
+            continue
+        obj = _parse_json(line, spath, lineno)
+        if header is None:
+            if type(obj) is not dict:
+                raise TraceError(
+                    spath, f"line {lineno + 1}: the first line of a JSONL trace must be the "
+                    f"header object, got {_kind(obj)}"
+                )
+            if "nodes" in obj:
+                raise TraceError(
+                    spath, f"line {lineno + 1}: a JSONL header must not hold 'nodes'; write one "
+                    "node per line after it", field="nodes"
+                )
+            header = obj
+        else:
+            nodes.append(obj)
+    if header is None:
+        raise TraceError(spath, "empty file: expected a header line and node lines")
+    doc = dict(header)
+    doc["nodes"] = nodes
+    return doc
+
+
+# -------------------------------------------------------------------------------------- checking
+
+
+def check_trace(doc, path, num_ranks: int) -> list[TraceError]:
+    """Every problem of a parsed trace, in file order; an empty list means it is valid.
+
+    ``num_ranks`` is the number of dies of the system the trace will run on. Never raises for bad
+    content (only ValueError for a bad ``num_ranks``, a caller's bug).
+    """
+    with _gc_paused():
+        return _check(doc, str(path), num_ranks, build=False)[0]
+
+
+def load_trace(path, num_ranks: int, read=None) -> Trace:
+    """Read and check a trace; raise its first TraceError (saying how many more there are).
+
+    ``read`` is what ``read_trace(path)`` returned, for a caller that already read the file
+    (to learn its ``system`` before knowing ``num_ranks``).
+    """
+    doc, sha256 = read if read is not None else read_trace(path)
+    spath = str(path)
+    with _gc_paused():
+        errors, nodes = _check(doc, spath, num_ranks, build=True)
+    if errors:
+        first = errors[0]
+        if len(errors) > 1:
+            more = len(errors) - 1
+            detail = f"{first.detail} (and {more} more problem{'s' if more > 1 else ''})"
+            raise TraceError(first.path, detail, first.node_id, first.field)
+        raise first
+    header = {k: v for k, v in doc.items() if k != "nodes"}
+    return Trace(spath, sha256, header, nodes, header.get("system"))
+
+
+def stream_predecessors(trace: Trace) -> dict[int, int]:
+    """For each node that is not first on its (rank, stream): the id of the node before it."""
+    last = {}
+    pred = {}
+    for node in trace.nodes:
+        key = (node.rank, node.stream)
+        before = last.get(key)
+        if before is not None:
+            pred[node.id] = before
+        last[key] = node.id
+    return pred
+
+
+def match_messages(trace: Trace) -> list[tuple[int, int]]:
+    """``(send_id, recv_id)`` of every message of a valid trace, in the sends' file order."""
+    msgs = []
+    nodes = trace.nodes
+    for i, node in enumerate(nodes):
+        if node.type == "COMM_SEND":
+            msgs.append((True, i, node.rank, node.attrs["comm_dst"], node.attrs["comm_tag"]))
+        elif node.type == "COMM_RECV":
+            msgs.append((False, i, node.attrs["comm_src"], node.rank, node.attrs["comm_tag"]))
+    pairs, _, _ = _pair_messages(msgs)
+    return [(nodes[s].id, nodes[r].id) for s, r in pairs]
+
+
+def _pair_messages(msgs):
+    """Match sends and receives given in file order as (is_send, file index, src, dst, tag).
+
+    The k-th send from src to dst with a tag matches the k-th receive on dst from src with that
+    tag, as MPI orders the messages of one (source, tag). Returns the (send, recv) pairs of file
+    indices in the sends' order, and the sends and the receives left unmatched (as given).
+    """
+    sends = {}
+    recvs = {}
+    order = {}  # channels in order of first appearance
+    for m in msgs:
+        channel = m[2:]
+        book = sends if m[0] else recvs
+        queue = book.get(channel)
+        if queue is None:
+            queue = book[channel] = []
+            order[channel] = None
+        queue.append(m)
+    matched = []
+    lone_sends = []
+    lone_recvs = []
+    for channel in order:
+        s = sends.get(channel, ())
+        r = recvs.get(channel, ())
+        matched.extend(zip(s, r))
+        lone_sends.extend(s[len(r):])
+        lone_recvs.extend(r[len(s):])
+    matched.sort(key=lambda pair: pair[0][1])
+    return [(s[1], r[1]) for s, r in matched], lone_sends, lone_recvs
+
+
+def _kind(v) -> str:
+    if v is None:
+        return "null"
+    if type(v) is bool:
+        return "a boolean"
+    if type(v) is str:
+        return json.dumps(v if len(v) <= 60 else v[:57] + "...")
+    if type(v) is list:
+        return "an array"
+    if type(v) is dict:
+        return "an object"
+    return repr(v)
+
+
+def _bad_float(v: float) -> str | None:
+    if v != v:
+        return "NaN is not a number cmemu accepts"
+    if v in (math.inf, -math.inf):
+        return "Infinity is not a number cmemu accepts"
+    if abs(v) > MAX_INT:
+        return f"{v!r} is too large (at most 2**53)"
+    return None
+
+
+def _as_int(v, lo: int):
+    """``(int, None)`` for an integer >= lo (1024.0 counts, as in JSON Schema), else (None, msg)."""
+    t = type(v)
+    if t is int:
+        if v > MAX_INT:
+            return None, f"{v} is too large (at most 2**53)"
+    elif t is float:
+        msg = _bad_float(v)
+        if msg:
+            return None, msg
+        if not v.is_integer():
+            return None, f"expected an integer, got {v!r}"
+        v = int(v)
+    else:
+        return None, f"expected an integer, got {_kind(v)}"
+    if v < lo:
+        return None, f"must be >= {lo}, got {v}"
+    return v, None
+
+
+def _as_number(v):
+    """``(number, None)`` for a finite number >= 0, else (None, msg)."""
+    t = type(v)
+    if t is int:
+        if v > MAX_INT:
+            return None, f"{v} is too large (at most 2**53)"
+    elif t is float:
+        msg = _bad_float(v)
+        if msg:
+            return None, msg
+    else:
+        return None, f"expected a number, got {_kind(v)}"
+    if v < 0:
+        return None, f"must be >= 0, got {v!r}"
+    return v, None
+
+
+def _as_duration(v):
+    v, msg = _as_number(v)
+    if msg is None and ns_to_ps(v) > MAX_PS:
+        return None, f"{v!r} ns is too large (at most 2**62 ps, about 53 days)"
+    return v, msg
+
+
+def _as_choice(choices):
+    def check(v):
+        if v in choices and type(v) is str:
+            return v, None
+        return None, f"must be one of {', '.join(choices)}; got {_kind(v)}"
+
+    return check
+
+
+def _as_size(v):
+    return _as_int(v, 0)
+
+
+def _as_cores(v):
+    return _as_int(v, 1)
+
+
+# Per node type: attribute -> checker returning (value, None) or (None, message). Peer ranks
+# (comm_dst, comm_src) are ints here; their range is checked against the node's rank afterwards.
+_ATTR_CHECKS = {
+    "COMP": {
+        "cmemu.duration_ns": _as_duration,
+        "num_ops": _as_number,
+        "tensor_size": _as_size,
+        "cmemu.unit": _as_choice(COMP_UNITS),
+        "cmemu.dtype": _as_choice(COMP_DTYPES),
+        "cmemu.cores": _as_cores,
+    },
+    "COMM_SEND": {
+        "comm_dst": _as_size,
+        "comm_size": _as_size,
+        "comm_tag": _as_size,
+        "cmemu.plane": _as_choice(COMM_PLANES),
+    },
+    "COMM_RECV": {
+        "comm_src": _as_size,
+        "comm_size": _as_size,
+        "comm_tag": _as_size,
+        "cmemu.plane": _as_choice(COMM_PLANES),
+    },
+    "MEM_LOAD": {"tensor_size": _as_size},
+    "MEM_STORE": {"tensor_size": _as_size},
+}
+# Checkers of integer attributes and their lower bound, for the fast path of _check_attrs.
+_INT_CHECKS = {_as_size: 0, _as_cores: 1}
+_REQUIRED_ATTRS = {
+    "COMP": (),  # num_ops or cmemu.duration_ns: checked on its own
+    "COMM_SEND": ("comm_dst", "comm_size"),
+    "COMM_RECV": ("comm_src", "comm_size"),
+    "MEM_LOAD": ("tensor_size",),
+    "MEM_STORE": ("tensor_size",),
+}
+_DEFAULT_ATTRS = {
+    "COMP": {"cmemu.unit": "aic"},
+    "COMM_SEND": {"comm_tag": 0, "cmemu.plane": "ub"},
+    "COMM_RECV": {"comm_tag": 0, "cmemu.plane": "ub"},
+    "MEM_LOAD": {},
+    "MEM_STORE": {},
+}
+_COMM_PEER = {"COMM_SEND": "comm_dst", "COMM_RECV": "comm_src"}
+# Only meaningful when a COMP's time is derived from its work (num_ops), not fixed.
+_COMP_WORK_DEFAULTS = {"tensor_size": 0, "cmemu.dtype": "bf16"}
+
+
+def _check(doc, path: str, num_ranks: int, build: bool):
+    """Check a parsed trace: (errors in file order, nodes if build and no errors)."""
+    if type(num_ranks) is not int or num_ranks < 1:
+        raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
+    found = []  # (index of the node in file order, -1 for the header; TraceError)
+
+    def err(index, message, node_id=None, fld=None):
+        found.append((index, TraceError(path, message, node_id, fld)))
+
+    def done(nodes):
+        found.sort(key=lambda e: e[0])  # stable: within one node, fields stay in check order
+        errors = [e for _, e in found]
+        return errors, (nodes if build and not errors else None)
+
+    if type(doc) is not dict:
+        err(-1, f"the top level must be an object (the header with its nodes), got {_kind(doc)}")
+        return done(None)
+    _check_header(doc, err)
+    nodes_in = doc.get("nodes")
+    if nodes_in is None and "nodes" not in doc:
+        err(-1, "missing: the trace needs a list of nodes", fld="nodes")
+        return done(None)
+    if type(nodes_in) is not list:
+        err(-1, f"must be an array of node objects, got {_kind(nodes_in)}", fld="nodes")
+        return done(None)
+
+    n = len(nodes_in)
+    # Pass 1: ids, so that a node may depend on one written after it.
+    ids = [None] * n  # id of each node with a valid id, first occurrence only
+    labels = [None] * n  # any valid id, duplicates too: what errors about the node name
+    index_of = {}
+    for i, nd in enumerate(nodes_in):
+        if type(nd) is not dict:
+            err(i, f"nodes[{i}] must be an object, got {_kind(nd)}")
+            continue
+        raw = nd.get("id")
+        nid, msg = _as_int(raw, 0) if "id" in nd else (None, "missing: every node needs an id")
+        if msg:
+            err(i, f"nodes[{i}]: {msg}", fld="id")
+            continue
+        labels[i] = nid
+        first = index_of.get(nid)
+        if first is not None:
+            err(i, f"duplicate id: nodes[{first}] already has id {nid}", nid, "id")
+            continue
+        index_of[nid] = i
+        ids[i] = nid
+
+    # Pass 2: fields of each node. Graph data is kept by file index for the cycle check.
+    out_nodes = [] if build else None
+    data_idx = [None] * n  # indices this node's data_deps name (valid ones)
+    ctrl_idx = [None] * n
+    stream_of = [None] * n  # (rank, stream) when both are valid and the id is
+    msgs = []  # (is_send, index, src, dst, tag) for message matching
+    msg_info = {}  # index -> (size, plane)
+    forward = False  # some dependency names a node later in the file
+    node_keys = _NODE_KEYS
+    no_deps = ()
+    for i, nd in enumerate(nodes_in):
+        if type(nd) is not dict:
+            continue
+        nid = ids[i]
+        label = labels[i]
+        pre = "" if label is not None else f"nodes[{i}]: "
+        get = nd.get
+        # The common case of each field is tested inline; helpers only run to explain a problem.
+
+        if not nd.keys() <= node_keys:
+            for k in nd:
+                if k not in node_keys and not (type(k) is str and k.startswith("x-")):
+                    err(i, f"{pre}unknown field (node fields: {', '.join(sorted(node_keys))}; "
+                        "'x-' fields are kept and ignored)", label, k)
+
+        ntype = get("type")
+        type_ok = type(ntype) is str and ntype in _NODE_TYPE_SET
+        if not type_ok:
+            if "type" not in nd:
+                msg = f"missing; one of {', '.join(NODE_TYPES)}"
+            elif ntype in _NOT_YET:
+                msg = f"{ntype} is a Chakra node type cmemu does not support in trace v1 yet; " \
+                      "write the collective as COMM_SEND/COMM_RECV nodes"
+            else:
+                msg = f"unknown type {_kind(ntype)}; one of {', '.join(NODE_TYPES)}"
+            err(i, pre + msg, label, "type")
+
+        name = get("name")
+        if name is None and "name" not in nd:
+            if build and type_ok:
+                name = f"{ntype.lower()}_{label}"
+        elif type(name) is not str or not name:
+            err(i, f"{pre}must be a non-empty string, got {_kind(name)}", label, "name")
+
+        rank = get("rank")
+        if type(rank) is not int or not 0 <= rank < num_ranks:
+            rank, msg = _as_int(rank, 0) if "rank" in nd else (None, "missing: every node "
+                                                                "needs a rank (a die index)")
+            if msg is None and rank >= num_ranks:
+                rank, msg = None, f"rank {rank} is outside the system: ranks are die " \
+                                  f"indices 0..{num_ranks - 1}"
+            if msg:
+                err(i, pre + msg, label, "rank")
+
+        stream = get("stream", 0)
+        if type(stream) is not int or not 0 <= stream <= MAX_INT:
+            stream, msg = _as_int(stream, 0)
+            if msg:
+                err(i, pre + msg, label, "stream")
+
+        data_deps = get("data_deps", no_deps)
+        ctrl_deps = get("ctrl_deps", no_deps)
+        if data_deps or ctrl_deps:
+            deps_out = []
+            for fld, raw, idx_list in (("data_deps", data_deps, data_idx),
+                                       ("ctrl_deps", ctrl_deps, ctrl_idx)):
+                if type(raw) is not list:
+                    if raw is not no_deps:
+                        err(i, f"{pre}must be an array of node ids, got {_kind(raw)}", label, fld)
+                    deps_out.append(no_deps)
+                    continue
+                good = []
+                missing = []
+                for d in raw:
+                    if type(d) is not int:
+                        d, msg = _as_int(d, 0)
+                        if msg:
+                            err(i, f"{pre}{msg}", label, fld)
+                            continue
+                    j = index_of.get(d)
+                    if j is None:
+                        missing.append(d)
+                    elif j == i:
+                        err(i, f"{pre}node {d} depends on itself", label, fld)
+                    else:
+                        good.append(d)
+                        if j > i:
+                            forward = True
+                if missing:
+                    missing = list(dict.fromkeys(missing))
+                    shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5
+                                                                else "")
+                    err(i, f"{pre}no node with id {shown}", label, fld)
+                if len(good) > 1:
+                    good = list(dict.fromkeys(good))
+                if good and nid is not None:
+                    idx_list[i] = [index_of[d] for d in good]
+                deps_out.append(tuple(good))
+            data_deps, ctrl_deps = deps_out
+        elif data_deps is not no_deps or ctrl_deps is not no_deps:
+            for fld, raw in (("data_deps", data_deps), ("ctrl_deps", ctrl_deps)):
+                if raw is not no_deps and type(raw) is not list:
+                    err(i, f"{pre}must be an array of node ids, got {_kind(raw)}", label, fld)
+            data_deps = ctrl_deps = no_deps
+
+        raw_attrs = get("attrs", no_deps)
+        attrs = None
+        if type(raw_attrs) is not dict:
+            if raw_attrs is no_deps:
+                raw_attrs = {}
+            else:
+                err(i, f"{pre}must be an object, got {_kind(raw_attrs)}", label, "attrs")
+                raw_attrs = None
+        if type_ok and raw_attrs is not None:
+            attrs = _check_attrs(ntype, raw_attrs, rank, num_ranks, i, label, pre, err)
+
+        if nid is not None and rank is not None and stream is not None:
+            stream_of[i] = (rank, stream)
+            peer_key = _COMM_PEER.get(ntype)
+            if peer_key is not None and attrs is not None:
+                peer = attrs.get(peer_key)
+                tag = attrs.get("comm_tag")
+                size = attrs.get("comm_size")
+                plane = attrs.get("cmemu.plane")
+                # A message with a valid channel is matched even if its size or plane is wrong,
+                # so that its partner gets no second error.
+                if peer is not None and tag is not None:
+                    if peer_key == "comm_dst":
+                        msgs.append((True, i, rank, peer, tag))
+                    else:
+                        msgs.append((False, i, peer, rank, tag))
+                    msg_info[i] = (size, plane)
+
+        if build and not found:
+            out_nodes.append(Node(nid, name, ntype, rank, stream, data_deps, ctrl_deps, attrs))
+
+    recv_send = _check_messages(msgs, msg_info, ids, err)
+    _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err)
+    return done(out_nodes)
+
+
+def _check_header(doc: dict, err) -> None:
+    if doc.get("schema") != SCHEMA or type(doc.get("schema")) is not str:
+        got = _kind(doc["schema"]) if "schema" in doc else "nothing"
+        err(-1, f"must be \"{SCHEMA}\", got {got}", fld="schema")
+    version = doc.get("version")
+    if "version" not in doc:
+        err(-1, f"missing; this cmemu reads version {VERSION}", fld="version")
+    elif version != VERSION or type(version) not in (int, float):
+        shown = version if type(version) in (int, float) else _kind(version)
+        err(-1, f"unsupported trace version {shown}; this cmemu reads version {VERSION}",
+            fld="version")
+    if doc.get("time_unit") != "ns" or type(doc.get("time_unit")) is not str:
+        got = _kind(doc["time_unit"]) if "time_unit" in doc else "nothing"
+        err(-1, f"must be \"ns\" (every time in a v1 trace is in nanoseconds), got {got}",
+            fld="time_unit")
+    for key in ("system", "description"):
+        if key in doc and (type(doc[key]) is not str or not doc[key]):
+            err(-1, f"must be a non-empty string, got {_kind(doc[key])}", fld=key)
+    for key in doc:
+        if key not in _HEADER_KEYS and not (
+            type(key) is str and (key.startswith("x-") or key.startswith("cmemu."))
+        ):
+            err(-1, f"unknown header field (header fields: {', '.join(sorted(_HEADER_KEYS))}; "
+                "'x-' and 'cmemu.' fields are kept)", fld=key)
+
+
+def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
+    """Attrs with defaults filled in; a wrong attribute is reported and left out."""
+    checks = _ATTR_CHECKS[ntype]
+    attrs = dict(_DEFAULT_ATTRS[ntype])
+    for key, value in raw.items():
+        check = checks.get(key)
+        if type(value) is int and check in _INT_CHECKS and _INT_CHECKS[check] <= value <= MAX_INT:
+            attrs[key] = value  # the common case, without a call
+            continue
+        if check is None:
+            if type(key) is str and key.startswith("x-"):
+                attrs[key] = value
+                continue
+            err(i, f"{pre}unknown attribute for {ntype} (known: {', '.join(checks)}; "
+                "'x-' attributes are kept and ignored)", label, key)
+            continue
+        value, msg = check(value)
+        if msg:
+            err(i, pre + msg, label, key)
+        else:
+            attrs[key] = value
+    for key in _REQUIRED_ATTRS[ntype]:
+        if key not in raw:
+            err(i, f"{pre}missing: a {ntype} node needs attrs.{key}", label, key)
+    if ntype == "COMP":
+        has_time = "cmemu.duration_ns" in raw
+        if "num_ops" in raw:
+            if has_time:
+                err(i, f"{pre}give either cmemu.duration_ns (a fixed time) or num_ops (work to "
+                    "time on the unit), not both", label, "cmemu.duration_ns")
+            for key, default in _COMP_WORK_DEFAULTS.items():
+                attrs.setdefault(key, default)
+        elif has_time:
+            for key in _COMP_WORK_DEFAULTS:
+                if key in raw:
+                    err(i, f"{pre}only applies with num_ops; a COMP with cmemu.duration_ns takes "
+                        "exactly that time", label, key)
+        else:
+            err(i, f"{pre}missing: a COMP node needs num_ops (operations) or cmemu.duration_ns",
+                label, "num_ops")
+    elif ntype in ("COMM_SEND", "COMM_RECV"):
+        key = "comm_dst" if ntype == "COMM_SEND" else "comm_src"
+        peer = attrs.get(key)
+        if peer is not None:
+            if peer >= num_ranks or peer == rank:
+                del attrs[key]
+            if peer >= num_ranks:
+                err(i, f"{pre}rank {peer} is outside the system: ranks are die indices "
+                    f"0..{num_ranks - 1}", label, key)
+            elif peer == rank:
+                err(i, f"{pre}a message to its own rank {rank}; use MEM_LOAD/MEM_STORE for local "
+                    "copies", label, key)
+    return attrs
+
+
+def _check_messages(msgs, msg_info, ids, err) -> dict[int, int]:
+    """Report unmatched and inconsistent messages; return {recv index: send index}."""
+    pairs, lone_sends, lone_recvs = _pair_messages(msgs)
+    for _, i, src, dst, tag in lone_sends:
+        err(i, f"no matching COMM_RECV on rank {dst} with comm_src {src} and comm_tag {tag}",
+            ids[i], "comm_dst")
+    for _, i, src, dst, tag in lone_recvs:
+        err(i, f"no matching COMM_SEND from rank {src} with comm_tag {tag}", ids[i], "comm_src")
+    recv_send = {}
+    for s, r in pairs:
+        recv_send[r] = s
+        s_size, s_plane = msg_info[s]
+        r_size, r_plane = msg_info[r]
+        if s_size != r_size and s_size is not None and r_size is not None:
+            err(r, f"comm_size {r_size} differs from comm_size {s_size} of the matching "
+                f"COMM_SEND {ids[s]}", ids[r], "comm_size")
+        if s_plane != r_plane and s_plane is not None and r_plane is not None:
+            err(r, f"plane '{r_plane}' differs from plane '{s_plane}' of the matching "
+                f"COMM_SEND {ids[s]}", ids[r], "cmemu.plane")
+    return recv_send
+
+
+def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err) -> None:
+    """Find a cycle over data_deps, ctrl_deps, stream order and messages (Kahn, no recursion).
+
+    A receive waits for its send (its data cannot arrive before the send starts), so a receive
+    that waits, directly or not, for its own send is a cycle too.
+    """
+    n = len(ids)
+    stream_pred = [None] * n
+    last = {}
+    for i, key in enumerate(stream_of):
+        if key is not None:
+            stream_pred[i] = last.get(key)
+            last[key] = i
+    if not forward and all(s < r for r, s in recv_send.items()):
+        return  # every edge points back in the file: the file order is a topological order
+
+    def preds(i):
+        """(predecessor index, field of the edge) of node i."""
+        out = [(j, "data_deps") for j in data_idx[i] or ()]
+        out += [(j, "ctrl_deps") for j in ctrl_idx[i] or ()]
+        if stream_pred[i] is not None:
+            out.append((stream_pred[i], "stream"))
+        if i in recv_send:
+            out.append((recv_send[i], "comm_src"))
+        return out
+
+    indeg = [0] * n
+    succ = [[] for _ in range(n)]
+    for i in range(n):
+        for lst in (data_idx[i], ctrl_idx[i]):
+            if lst:
+                for j in lst:
+                    succ[j].append(i)
+                indeg[i] += len(lst)
+        if stream_pred[i] is not None:
+            succ[stream_pred[i]].append(i)
+            indeg[i] += 1
+    for r, s in recv_send.items():
+        succ[s].append(r)
+        indeg[r] += 1
+    ready = [i for i in range(n) if indeg[i] == 0]
+    done = 0
+    while ready:
+        i = ready.pop()
+        done += 1
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    if done == n:
+        return
+
+    # Every node left has a predecessor left: walk back along them until a node repeats.
+    blocked = sum(1 for d in indeg if d > 0)
+    at = {}
+    walk = []
+    i = next(k for k in range(n) if indeg[k] > 0)
+    while i not in at:
+        at[i] = len(walk)
+        j, fld = next((j, f) for j, f in preds(i) if indeg[j] > 0)
+        walk.append((i, fld))
+        i = j
+    cycle = walk[at[i]:]
+    low = min(range(len(cycle)), key=lambda k: ids[cycle[k][0]])
+    cycle = cycle[low:] + cycle[:low]
+    path = " -> ".join(str(ids[k]) for k, _ in cycle) + f" -> {ids[cycle[0][0]]}"
+    notes = []
+    for pos, (k, fld) in enumerate(cycle):
+        nxt = cycle[(pos + 1) % len(cycle)][0]
+        if fld == "stream":
+            rank, stream = stream_of[k]
+            notes.append(f"{ids[k]} -> {ids[nxt]} is stream order: {ids[k]} comes after "
+                         f"{ids[nxt]} on rank {rank} stream {stream}")
+        elif fld == "comm_src":
+            notes.append(f"{ids[k]} -> {ids[nxt]} is a message: COMM_RECV {ids[k]} waits for "
+                         f"COMM_SEND {ids[nxt]}")
+    message = f"dependency cycle: {path} (a -> b: a waits for b)"
+    if notes:
+        message += "; " + "; ".join(notes)
+    if blocked > len(cycle):
+        message += f"; {blocked} nodes in all can never run"
+    first, fld = cycle[0]
+    err(first, message, ids[first], fld)
