@@ -29,6 +29,17 @@ def _best_rate(lowered, native, rounds):
     return best, engine
 
 
+def _best_rates(lowered, native_rounds=5, reference_rounds=1, passes=3):
+    """Best events/s of the native and the reference kernel, measured interleaved over a few
+    passes so that a burst of load from elsewhere on the machine cannot hit only one of them."""
+    native = reference = 0.0
+    for _ in range(passes):
+        n, engine = _best_rate(lowered, native=True, rounds=native_rounds)
+        r, _ = _best_rate(lowered, native=False, rounds=reference_rounds)
+        native, reference = max(native, n), max(reference, r)
+    return native, reference, engine
+
+
 def _engine_run(lowered):
     engine = make_engine(lowered, native=True)
     return (engine,), {}
@@ -42,8 +53,7 @@ def hold():
 def test_event_kernel_hold(benchmark, hold):
     """The hold model: 10 K chains, so 10 K events stay pending; 400 K events per run."""
     benchmark.pedantic(lambda e: e.run(), setup=lambda: _engine_run(hold), rounds=5)
-    native, e = _best_rate(hold, native=True, rounds=5)
-    reference, _ = _best_rate(hold, native=False, rounds=2)
+    native, reference, e = _best_rates(hold)
     assert e.max_pending == HOLD_PENDING
     ratio = native / reference
     benchmark.extra_info.update(
@@ -59,8 +69,7 @@ def test_event_kernel_packet_hops(benchmark):
     topo = build_topology(load_system("mini"))
     lowered = traffic_workload(topo, messages=3000, seed=1)
     benchmark.pedantic(lambda e: e.run(), setup=lambda: _engine_run(lowered), rounds=5)
-    native, e = _best_rate(lowered, native=True, rounds=5)
-    reference, _ = _best_rate(lowered, native=False, rounds=2)
+    native, reference, e = _best_rates(lowered)
     ratio = native / reference
     benchmark.extra_info.update(
         native_events_per_s=round(native), reference_events_per_s=round(reference), speedup=round(ratio, 1),
@@ -72,8 +81,9 @@ def test_event_kernel_packet_hops(benchmark):
 
 
 def test_cost_per_event_flat_as_work_grows():
-    """Cost per event may grow with log(pending) but not with the number of ops."""
-    small, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=20), native=True, rounds=3)
-    large, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=400), native=True, rounds=3)
-    print(f"\nsame pending, 20x the ops: {small / 1e6:.2f} -> {large / 1e6:.2f} M events/s")
+    """Same number pending, 8x the ops: the cost per event may grow a little as the op arrays
+    leave the caches, but not with the amount of work (no hidden O(ops) step per event)."""
+    small, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=200), native=True, rounds=3)
+    large, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=1600), native=True, rounds=3)
+    print(f"\nsame pending, 8x the ops: {small / 1e6:.2f} -> {large / 1e6:.2f} M events/s")
     assert large >= 0.5 * small

@@ -22,8 +22,10 @@ def _lowered(kind, dur, succ_src, succ_dst, messages: MessageTable | None, link_
     succ_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
     m = messages or MessageTable()
-    types = {OP_KIND_COMP: "COMP", OP_KIND_SEND: "COMM_SEND", OP_KIND_RECV: "COMM_RECV"}
     kind = np.asarray(kind, dtype=np.uint8)
+    type_of_kind = np.zeros(4, dtype=np.uint8)
+    type_of_kind[[OP_KIND_COMP, OP_KIND_SEND, OP_KIND_RECV]] = [
+        OP_TYPE_CODE["COMP"], OP_TYPE_CODE["COMM_SEND"], OP_TYPE_CODE["COMM_RECV"]]
     return Lowered(
         op_kind=kind,
         op_dur_ps=np.asarray(dur, dtype=np.int64),
@@ -45,7 +47,7 @@ def _lowered(kind, dur, succ_src, succ_dst, messages: MessageTable | None, link_
         link_latency_ps=np.asarray(link_lat, dtype=np.int64),
         n_resources=1,
         op_node_id=np.arange(n, dtype=np.int64),
-        op_type=np.asarray([OP_TYPE_CODE[types[int(k)]] for k in kind], dtype=np.uint8),
+        op_type=type_of_kind[kind],
         op_rank=np.asarray(rank if rank is not None else np.zeros(n), dtype=np.int32),
         op_stream=np.zeros(n, dtype=np.int32),
         op_bytes=np.zeros(n, dtype=np.int64),
