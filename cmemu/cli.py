@@ -123,6 +123,39 @@ def topo(system, overrides, as_json):
         click.echo(f"    {k:<20} {v:,}")
 
 
+class _ScenarioGroup(click.Group):
+    """Scenarios load on demand from cmemu.scenarios.SCENARIOS."""
+
+    def list_commands(self, ctx):
+        from cmemu.scenarios import SCENARIOS
+
+        return sorted(SCENARIOS)
+
+    def get_command(self, ctx, name):
+        from cmemu.scenarios import SCENARIOS, load_command
+
+        return load_command(name) if name in SCENARIOS else None
+
+
+@main.group()
+def scenario():
+    """Named experiments (the paper's, as commands)."""
+
+
+@scenario.command("list")
+def scenario_list():
+    """List the scenarios."""
+    from cmemu.scenarios import SCENARIOS
+
+    for name, (_module, text) in sorted(SCENARIOS.items()):
+        click.echo(f"{name:<12} {text}")
+
+
+@scenario.group("run", cls=_ScenarioGroup)
+def scenario_run():
+    """Run a scenario: cmemu scenario run NAME [OPTIONS] (see `cmemu scenario list`)."""
+
+
 @main.command()
 @reports_errors
 def presets():

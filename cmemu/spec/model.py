@@ -8,46 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Mapping
 
-
-def _frozen_map(m=None) -> Mapping[str, str]:
-    return MappingProxyType(dict(m or {}))
-
-
-@dataclass(frozen=True)
-class DieSpec:
-    """One Ascend 910C die: the unit software sees as a rank (SPEC.md section 2.1)."""
-
-    aic_cores: int
-    aiv_cores: int
-    ai_core_clock_mhz: float
-    cube_macs_per_cycle_bf16: int
-    cube_macs_per_cycle_int8: int
-    vector_bytes_per_cycle: int
-    hbm_capacity_gbyte: float
-    hbm_bandwidth_gbyte_per_s: float
-    hbm_read_latency_cycles: int
-    hbm_write_latency_cycles: int
-    l2_cache_mib: int
-    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
-
-    def __post_init__(self):
-        _require_positive(self, "die")
-
-    @property
-    def cube_peak_flop_per_s_bf16(self) -> float:
-        # One MAC is two floating-point operations.
-        return self.aic_cores * self.cube_macs_per_cycle_bf16 * 2 * self.ai_core_clock_mhz * 1e6
-
-    @property
-    def cube_peak_op_per_s_int8(self) -> float:
-        return self.aic_cores * self.cube_macs_per_cycle_int8 * 2 * self.ai_core_clock_mhz * 1e6
-
-    @property
-    def vector_peak_byte_per_s(self) -> float:
-        return self.aiv_cores * self.vector_bytes_per_cycle * self.ai_core_clock_mhz * 1e6
+from cmemu.spec.common import _frozen_map, _require_positive
+from cmemu.spec.die import DieSpec
 
 
 @dataclass(frozen=True)
@@ -182,13 +146,3 @@ def _to_dict(obj) -> dict:
         else:
             out[f.name] = v
     return out
-
-
-def _require_positive(obj, section: str) -> None:
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        if not v > 0:
-            name = f"{section}.{f.name}" if section else f.name
-            raise ValueError(f"{name} must be > 0, got {v!r}")

@@ -1,0 +1,80 @@
+"""What every scenario shares: the --system/--set/--json options and one way to print results.
+
+Results are a list of rows (dicts) whose keys carry their unit (``latency_us``,
+``bandwidth_gbyte_per_s``). Text output is a table with those keys as headers; ``--json`` prints
+``{"scenario", "system", "parameters", "rows"}`` as one JSON document.
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from cmemu.errors import CmemuError
+
+
+def scenario_command(name: str, default_system: str = "cloudmatrix384"):
+    """Decorate ``fn(spec, as_json, **options) -> (parameters: dict, rows: list[dict])``."""
+
+    def wrap(fn):
+        @click.command(name=name, help=fn.__doc__)
+        @click.option("--system", "-s", default=default_system, show_default=True, metavar="NAME",
+                      help="System preset (see `cmemu presets`).")
+        @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
+                      help="Override a spec field (repeatable).")
+        @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+        @functools.wraps(fn)
+        def command(system, overrides, as_json, **options):
+            from cmemu.cli import reports_errors
+            from cmemu.spec import load_system
+
+            @reports_errors
+            def go():
+                spec = load_system(system, overrides)
+                parameters, rows = fn(spec, **options)
+                emit(name, spec.name, parameters, rows, as_json)
+
+            go()
+
+        return command
+
+    return wrap
+
+
+def format_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no rows)"
+    keys = list(rows[0])
+    for r in rows[1:]:
+        keys += [k for k in r if k not in keys]
+
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.1f}"
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
+        return "" if v is None else str(v)
+
+    cells = [[cell(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def emit(name: str, system: str, parameters: dict, rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"scenario": name, "system": system, "parameters": parameters, "rows": rows},
+                              indent=2))
+        return
+    click.echo(f"scenario {name} on {system}")
+    for k, v in parameters.items():
+        click.echo(f"  {k}: {v}")
+    click.echo(format_table(rows))
+
+
+def check_positive(name: str, value) -> None:
+    if value is None or value <= 0:
+        raise CmemuError(f"--{name.replace('_', '-')} must be > 0, got {value}")
