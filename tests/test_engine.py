@@ -6,12 +6,23 @@ from cmemu._core import make_engine
 from cmemu._core.engine import serialisation_time_ps as native_serialisation
 from cmemu._core.reference import serialisation_time_ps as reference_serialisation
 from cmemu._core.synthetic import hold_workload, traffic_workload
+from cmemu.lower.fabric import build_fabric
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 
 
-def _run(lowered, native):
-    e = make_engine(lowered, native=native)
+FABRIC = None
+
+
+def _fabric():
+    global FABRIC
+    if FABRIC is None:
+        FABRIC = build_fabric(build_topology(load_system("mini")))
+    return FABRIC
+
+
+def _run(lowered, native, bin_ps=0):
+    e = make_engine(lowered, _fabric(), native=native, bin_ps=bin_ps)
     assert e.run() is True
     return e
 
@@ -21,7 +32,8 @@ def _same(a, b):
     assert a.ops_done == b.ops_done
     assert a.now == b.now
     assert a.max_pending == b.max_pending
-    for attr in ("op_start_ps", "op_end_ps", "msg_delivered_ps", "link_bytes", "link_busy_ps"):
+    assert a.packets_sent == b.packets_sent
+    for attr in ("op_start_ps", "op_end_ps", "msg_delivered_ps", "link_bytes", "link_busy_ps", "credit_bytes"):
         np.testing.assert_array_equal(getattr(a, attr), getattr(b, attr), err_msg=attr)
 
 
@@ -35,21 +47,26 @@ def test_native_matches_reference_on_hold(seed):
 def test_native_matches_reference_on_traffic(seed):
     topo = build_topology(load_system("mini"))
     L = traffic_workload(topo, messages=300, seed=seed)
-    a, b = _run(L, True), _run(L, False)
+    a, b = _run(L, True, bin_ps=1_000_000), _run(L, False, bin_ps=1_000_000)
     _same(a, b)
     assert a.ops_done == 600
-    # Conservation: every packet's bytes crossed every link of its route exactly once.
-    expected = np.zeros_like(a.link_bytes)
-    for c in range(L.num_packets):
-        for link in L.route_links[L.chunk_route_lo[c]:L.chunk_route_hi[c]]:
-            expected[link] += L.chunk_bytes[c]
-    np.testing.assert_array_equal(a.link_bytes, expected)
+    sa, sb = a.link_series(), b.link_series()
+    for k in ("link", "bin", "bytes", "busy_ps"):
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    # Conservation: the binned counters add up to the totals, every credit came back, and no
+    # packet is left anywhere.
+    np.testing.assert_array_equal(np.bincount(sa["link"], weights=sa["bytes"], minlength=a.link_bytes.size),
+                                  a.link_bytes)
+    np.testing.assert_array_equal(np.bincount(sa["link"], weights=sa["busy_ps"], minlength=a.link_bytes.size),
+                                  a.link_busy_ps)
+    np.testing.assert_array_equal(a.credit_bytes, np.repeat(_fabric().link_credit_byte[:, None], 2, axis=1))
+    assert a.packets_live == 0
 
 
 def test_run_in_slices_gives_the_same_result():
     L = hold_workload(chains=20, ops_per_chain=30, seed=4)
     whole = _run(L, True)
-    sliced = make_engine(L, native=True)
+    sliced = make_engine(L, _fabric(), native=True)
     calls = 1
     while not sliced.run(7):
         calls += 1

@@ -1,21 +1,30 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The discrete-event kernel: one loop, integer picoseconds, C handlers.
+"""The discrete-event kernel: ops, and the packet-level Unified Bus model, in one C loop.
 
 Events are ordered by (time, sequence); the sequence number is the order in which events were
 scheduled, so ties break first-scheduled-first and every run is deterministic. Handlers are C
-functions named after the hardware action they model; nothing calls back into Python per event.
-``cmemu._core.reference`` is the same loop in pure Python; tests check that both agree exactly.
+methods named after the hardware action they model; nothing calls Python per event.
+``cmemu._core.reference`` is the same model in pure Python; tests check both agree exactly.
 
-What an event means (the stand-in models of the foundation slice):
+Ops (see docs/model.md): an op is ready when its dependencies have ended. COMP runs for its
+precomputed duration; MEM_* queue FIFO on their die's HBM server; COMM_SEND starts a write
+message at its source after the initiator's start-up; COMM_RECV ends when its message has been
+delivered (a read message is started by its receive).
 
-- ``on_op_ready``: an op's dependencies (data, control, and the previous op of its stream) have
-  all ended. COMP runs for its precomputed duration; MEM_LOAD/MEM_STORE queue FIFO on their die's
-  HBM server (serialisation at the HBM rate, then the access latency); COMM_SEND injects its
-  message's chunks at hop 0; COMM_RECV completes when its message has been delivered.
-- ``on_chunk_hop``: store-and-forward: a chunk waits until the link is free, is serialised at
-  the link rate, and reaches the next hop after the link's latency.
-- ``on_chunk_arrive``: the chunk reached its destination; the last chunk delivers the message.
-- ``on_op_done``: an op ends; successors whose last dependency this was become ready.
+Packets: an initiator cuts a message into packets of at most the MTU, issues one every
+``issue`` picoseconds while it has fewer than ``max_outstanding`` unacknowledged, and sprays them
+over the sub-planes and L2 chips (or hashes each message onto one path). Every link has a virtual
+output queue per (input slot, virtual lane) at its sending end and credits for the receiver's
+buffer per lane: a packet is sent when the link is idle and the receiver has room for it, chosen
+round robin among the non-empty queues, serialised at line rate in whole flits and received one
+link latency later. A credit returns the moment the packet leaves that buffer. At its
+destination a write is absorbed (at the sink rate, if the endpoint has one) and acknowledged;
+the ack's trip back is computed, not simulated, since acks are small and go the other way. A read
+request is answered after the target's memory latency by a response carrying the data on VL1.
+
+Events: ``on_op_ready``, ``on_op_done``, ``on_message_start``, ``on_inject`` (issue-rate wake-up),
+``on_link_free`` (only when a packet waits for a busy link), ``on_packet_arrive`` (one per
+packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_ack``, ``on_message_delivered``.
 """
 cimport cython
 from libc.stdlib cimport malloc, realloc, free
@@ -39,12 +48,32 @@ cdef enum:
     K_RECV = 2
     K_MEM = 3
 
+# Must match cmemu.lower.fabric.
+cdef enum:
+    NUM_VLS = 2
+    PATH_UB = 0
+    PATH_D2D = 1
+    PATH_RDMA = 2
+    PKT_WRITE = 0
+    PKT_READ_REQ = 1
+    PKT_READ_RESP = 2
+    PKT_ACK = 3
+    MSG_WRITE = 0
+    MSG_READ = 1
+    LB_SPRAY = 0
+
 # Event types. Ties at equal time break by sequence number, not by type.
 cdef enum:
     EV_OP_READY = 0
     EV_OP_DONE = 1
-    EV_CHUNK_HOP = 2
-    EV_CHUNK_ARRIVE = 3
+    EV_MSG_START = 2
+    EV_INJECT = 3
+    EV_LINK_FREE = 4
+    EV_PKT_ARRIVE = 5
+    EV_SINK_DONE = 6
+    EV_RESP_INJECT = 7
+    EV_ACK = 8
+    EV_MSG_DELIVERED = 9
 
 cdef int64_t PS_PER_S = 1000000000000
 
@@ -53,7 +82,21 @@ cdef struct Event:
     int64_t seq
     int32_t kind
     int32_t a
-    int32_t b
+
+cdef struct Packet:
+    int32_t msg
+    int32_t payload
+    int32_t wire
+    int32_t next
+    int32_t link      # the link it is on or queued for
+    int32_t in_link   # the link whose receive buffer holds it (-1 at its source)
+    int32_t hop
+    int32_t seq
+    uint8_t leg       # 0: request / write data, 1: read response
+    uint8_t ptype
+    uint8_t vl
+    uint8_t plane
+    int32_t uplink
 
 
 cdef inline bint ev_less(Event* x, Event* y) noexcept nogil:
@@ -75,15 +118,15 @@ def serialisation_time_ps(nbytes, rate_byte_per_s):
 
 @cython.final
 cdef class Engine:
-    """Replays lowered arrays (see ``cmemu.lower.Lowered``) to op start/end times."""
+    """Replays lowered arrays (``cmemu.lower.Lowered``) on a fabric (``cmemu.lower.fabric``)."""
 
-    # Event heap, plus a FIFO for events scheduled at the current time (see `push`).
+    # Event heap (4-ary), plus a FIFO for events scheduled at the current time.
     cdef Event* heap
     cdef int64_t heap_len, heap_cap, seq
     cdef Event* fifo
     cdef int64_t fifo_head, fifo_len, fifo_cap
-    cdef readonly int64_t now, events, n_ops, ops_done, max_pending
-    cdef readonly bint past_event  # invariant: nothing scheduled before `now`
+    cdef readonly int64_t now, events, n_ops, ops_done, max_pending, packets_sent, packets_live
+    cdef readonly bint past_event
     # Ops.
     cdef const uint8_t[::1] op_kind
     cdef const int64_t[::1] op_dur_ps
@@ -94,36 +137,92 @@ cdef class Engine:
     cdef const int32_t[::1] succ_idx
     cdef int32_t[::1] pending_deps
     cdef readonly cnp.ndarray op_start_ps, op_end_ps
-    cdef int64_t[::1] op_start, op_end
-    # Messages and chunks.
+    cdef int64_t[::1] op_start
+    cdef int64_t[::1] op_end
+    cdef int64_t[::1] res_free
+    # Messages.
+    cdef const int32_t[::1] msg_src
+    cdef const int32_t[::1] msg_dst
+    cdef const int64_t[::1] msg_bytes
+    cdef const uint8_t[::1] msg_kind
+    cdef const uint8_t[::1] msg_path
+    cdef const int64_t[::1] msg_hash
     cdef const int32_t[::1] msg_send_op
     cdef const int32_t[::1] msg_recv_op
-    cdef const int64_t[::1] msg_chunk_ptr
-    cdef const int32_t[::1] chunk_msg
-    cdef const int64_t[::1] chunk_bytes
-    cdef const int64_t[::1] chunk_route_lo
-    cdef const int64_t[::1] chunk_route_hi
-    cdef const int32_t[::1] route_links
-    cdef int32_t[::1] msg_send_left, msg_arrive_left
-    cdef int64_t[::1] msg_send_end
-    cdef readonly cnp.ndarray msg_delivered_ps
-    cdef int64_t[::1] msg_delivered
+    cdef int64_t[::1] msg_offset
+    cdef int32_t[::1] msg_seq
+    cdef int32_t[::1] msg_undelivered
+    cdef int32_t[::1] msg_unacked
+    cdef int32_t[::1] msg_qnext
     cdef uint8_t[::1] recv_waiting
-    # Links and servers.
+    cdef readonly cnp.ndarray msg_delivered_ps, msg_packets
+    cdef int64_t[::1] msg_delivered
+    cdef int32_t[::1] msg_npkts
+    # Endpoints.
+    cdef const int64_t[::1] ep_startup
+    cdef const int64_t[::1] ep_write_lat
+    cdef const int64_t[::1] ep_read_lat
+    cdef const int64_t[::1] ep_sink_rate
+    cdef const int32_t[::1] ep_max_out
+    cdef const int64_t[::1] ep_issue
+    cdef const int32_t[::1] ep_node
+    cdef int32_t[::1] ep_qhead
+    cdef int32_t[::1] ep_qtail
+    cdef int32_t[::1] ep_outstanding
+    cdef int64_t[::1] ep_issue_free
+    cdef int64_t[::1] ep_sink_free
+    cdef uint8_t[::1] ep_inject_pending
+    # Packet format.
+    cdef const int64_t[::1] path_mtu
+    cdef const int64_t[::1] path_flit
+    cdef const int64_t[::1] path_header
+    # Links.
     cdef const int64_t[::1] link_rate
     cdef const int64_t[::1] link_lat
-    cdef int64_t[::1] link_free
+    cdef const int32_t[::1] link_in_slot
+    cdef const int64_t[::1] voq_base
+    cdef const int32_t[::1] voq_slots
+    cdef int64_t[::1] credits
+    cdef int64_t[::1] busy_until
+    cdef uint8_t[::1] free_pending
+    cdef int32_t[::1] queued
+    cdef int32_t[::1] rr
+    cdef int32_t[::1] voq_head
+    cdef int32_t[::1] voq_tail
     cdef readonly cnp.ndarray link_bytes, link_busy_ps
-    cdef int64_t[::1] lbytes, lbusy
-    cdef int64_t[::1] res_free
+    cdef int64_t[::1] lbytes
+    cdef int64_t[::1] lbusy
+    # Routing tables.
+    cdef const int32_t[::1] t_ep_up
+    cdef const int32_t[::1] t_ep_down
+    cdef const int32_t[::1] t_l1_uplink
+    cdef const int32_t[::1] t_l1_uplink_chip
+    cdef const int32_t[::1] t_l2_down
+    cdef const int32_t[::1] t_l2_down_count
+    cdef const int32_t[::1] t_d2d
+    cdef const int32_t[::1] t_rdma_up
+    cdef const int32_t[::1] t_rdma_down
+    cdef int P, U, C, M, N, lb
+    # Packet pool.
+    cdef Packet* pkts
+    cdef int32_t pkt_cap, pkt_free
+    # Binned link counters (sparse: one row per link and bin with traffic).
+    cdef int64_t bin_ps
+    cdef int64_t[::1] cur_bin
+    cdef int64_t[::1] cur_bytes
+    cdef int64_t[::1] cur_busy
+    cdef int64_t* series
+    cdef int64_t series_len, series_cap
 
     def __cinit__(self):
         self.heap = NULL
         self.fifo = NULL
+        self.pkts = NULL
+        self.series = NULL
 
-    def __init__(self, lowered):
+    def __init__(self, lowered, fabric, int64_t bin_ps=0):
         cdef int64_t i
-        L = lowered
+        L, F = lowered, fabric
         self.n_ops = L.op_kind.shape[0]
         self.op_kind = L.op_kind
         self.op_dur_ps = L.op_dur_ps
@@ -137,36 +236,103 @@ cdef class Engine:
         self.op_end_ps = np.full(self.n_ops, -1, dtype=np.int64)
         self.op_start = self.op_start_ps
         self.op_end = self.op_end_ps
-        n_msgs = L.msg_send_op.shape[0]
+        self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
+
+        n_msgs = L.msg_src.shape[0]
+        self.msg_src = L.msg_src
+        self.msg_dst = L.msg_dst
+        self.msg_bytes = L.msg_bytes
+        self.msg_kind = L.msg_kind
+        self.msg_path = L.msg_path
+        self.msg_hash = L.msg_hash
         self.msg_send_op = L.msg_send_op
         self.msg_recv_op = L.msg_recv_op
-        self.msg_chunk_ptr = L.msg_chunk_ptr
-        self.chunk_msg = L.chunk_msg
-        self.chunk_bytes = L.chunk_bytes
-        self.chunk_route_lo = L.chunk_route_lo
-        self.chunk_route_hi = L.chunk_route_hi
-        self.route_links = L.route_links
-        self.msg_send_left = np.zeros(n_msgs, dtype=np.int32)
-        self.msg_arrive_left = np.diff(L.msg_chunk_ptr).astype(np.int32)
-        self.msg_send_end = np.zeros(n_msgs, dtype=np.int64)
+        self.msg_offset = np.zeros(n_msgs, dtype=np.int64)
+        self.msg_seq = np.zeros(n_msgs, dtype=np.int32)
+        self.msg_npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
+        self.msg_packets = np.asarray(self.msg_npkts)
+        self.msg_undelivered = np.asarray(self.msg_npkts).copy()
+        self.msg_unacked = np.asarray(self.msg_npkts).copy()
+        self.msg_qnext = np.full(n_msgs, -1, dtype=np.int32)
+        self.recv_waiting = np.zeros(n_msgs, dtype=np.uint8)
         self.msg_delivered_ps = np.full(n_msgs, -1, dtype=np.int64)
         self.msg_delivered = self.msg_delivered_ps
-        self.recv_waiting = np.zeros(n_msgs, dtype=np.uint8)
-        self.link_rate = L.link_rate_byte_per_s
-        self.link_lat = L.link_latency_ps
-        n_links = L.link_rate_byte_per_s.shape[0]
-        self.link_free = np.zeros(n_links, dtype=np.int64)
+
+        n_eps = F.ep_node.shape[0]
+        self.ep_startup = F.ep_startup_ps
+        self.ep_write_lat = F.ep_write_latency_ps
+        self.ep_read_lat = F.ep_read_latency_ps
+        self.ep_sink_rate = F.ep_sink_byte_per_s
+        self.ep_max_out = F.ep_max_outstanding
+        self.ep_issue = F.ep_issue_ps
+        self.ep_node = F.ep_node
+        self.ep_qhead = np.full(n_eps, -1, dtype=np.int32)
+        self.ep_qtail = np.full(n_eps, -1, dtype=np.int32)
+        self.ep_outstanding = np.zeros(n_eps, dtype=np.int32)
+        self.ep_issue_free = np.zeros(n_eps, dtype=np.int64)
+        self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
+        self.ep_inject_pending = np.zeros(n_eps, dtype=np.uint8)
+
+        self.path_mtu = F.path_mtu_byte
+        self.path_flit = F.path_flit_byte
+        self.path_header = F.path_header_byte
+
+        n_links = F.link_rate_byte_per_s.shape[0]
+        self.link_rate = F.link_rate_byte_per_s
+        self.link_lat = F.link_latency_ps
+        self.link_in_slot = F.link_in_slot
+        self.voq_base = F.link_voq_base
+        self.voq_slots = F.link_voq_slots
+        self.credits = np.repeat(F.link_credit_byte, NUM_VLS).astype(np.int64)
+        self.busy_until = np.zeros(n_links, dtype=np.int64)
+        self.free_pending = np.zeros(n_links, dtype=np.uint8)
+        self.queued = np.zeros(n_links, dtype=np.int32)
+        self.rr = np.zeros(n_links, dtype=np.int32)
+        self.voq_head = np.full(F.num_voqs, -1, dtype=np.int32)
+        self.voq_tail = np.full(F.num_voqs, -1, dtype=np.int32)
         self.link_bytes = np.zeros(n_links, dtype=np.int64)
         self.link_busy_ps = np.zeros(n_links, dtype=np.int64)
         self.lbytes = self.link_bytes
         self.lbusy = self.link_busy_ps
-        self.res_free = np.zeros(L.n_resources, dtype=np.int64)
+
+        self.t_ep_up = F.ep_up
+        self.t_ep_down = F.ep_down
+        self.t_l1_uplink = F.l1_uplink
+        self.t_l1_uplink_chip = F.l1_uplink_chip
+        self.t_l2_down = F.l2_down
+        self.t_l2_down_count = F.l2_down_count
+        self.t_d2d = F.d2d
+        self.t_rdma_up = F.rdma_up
+        self.t_rdma_down = F.rdma_down
+        self.P = F.planes
+        self.U = F.uplinks
+        self.C = F.l2_chips
+        self.M = F.l2_mult
+        self.N = F.num_nodes
+        self.lb = F.load_balancing
+
+        self.bin_ps = bin_ps
+        self.cur_bin = np.full(n_links, -1, dtype=np.int64)
+        self.cur_bytes = np.zeros(n_links, dtype=np.int64)
+        self.cur_busy = np.zeros(n_links, dtype=np.int64)
+        self.series_len = 0
+        self.series_cap = 1024
+        self.series = <int64_t*>malloc(self.series_cap * 4 * sizeof(int64_t))
+
+        self.pkt_cap = 1024
+        self.pkts = <Packet*>malloc(self.pkt_cap * sizeof(Packet))
+        for i in range(self.pkt_cap):
+            self.pkts[i].next = <int32_t>(i + 1) if i + 1 < self.pkt_cap else -1
+        self.pkt_free = 0
+        self.packets_sent = 0
+        self.packets_live = 0
+
         self.heap_cap = 1024
         self.heap = <Event*>malloc(self.heap_cap * sizeof(Event))
         self.fifo_cap = 1024
         self.fifo = <Event*>malloc(self.fifo_cap * sizeof(Event))
-        if self.heap == NULL or self.fifo == NULL:
-            raise MemoryError("event heap")
+        if self.heap == NULL or self.fifo == NULL or self.pkts == NULL or self.series == NULL:
+            raise MemoryError("engine buffers")
         self.fifo_head = 0
         self.fifo_len = 0
         self.heap_len = 0
@@ -178,16 +344,16 @@ cdef class Engine:
         self.past_event = False
         for i in range(self.n_ops):
             if self.pending_deps[i] == 0:
-                self.push(0, EV_OP_READY, <int32_t>i, 0)
+                self.push(0, EV_OP_READY, <int32_t>i)
 
     def __dealloc__(self):
-        if self.heap != NULL:
-            free(self.heap)
-        if self.fifo != NULL:
-            free(self.fifo)
+        free(self.heap)
+        free(self.fifo)
+        free(self.pkts)
+        free(self.series)
 
-    # -- the heap ------------------------------------------------------------------------
-    cdef int push(self, int64_t time, int32_t kind, int32_t a, int32_t b) except -1:
+    # -- the event queue -----------------------------------------------------------------
+    cdef int push(self, int64_t time, int32_t kind, int32_t a) except -1:
         """Schedule an event. Order is (time, seq) exactly as one heap would give it; events
         for the current time go to a FIFO instead, which is the same order because every
         event already in the heap for this time was scheduled earlier (smaller seq)."""
@@ -199,7 +365,6 @@ cdef class Engine:
         ev.seq = self.seq
         ev.kind = kind
         ev.a = a
-        ev.b = b
         self.seq += 1
         if time == self.now:
             self.fifo_push(ev)
@@ -247,22 +412,9 @@ cdef class Engine:
         self.heap[i] = ev
         return 0
 
-    cdef inline Event next_event(self) noexcept nogil:
-        """The earliest event: heap events for the current time precede the FIFO's."""
-        cdef Event ev
-        if self.fifo_len > 0 and (self.heap_len == 0 or self.heap[0].time > self.fifo[self.fifo_head].time):
-            ev = self.fifo[self.fifo_head]
-            self.fifo_head += 1
-            if self.fifo_head == self.fifo_cap:
-                self.fifo_head = 0
-            self.fifo_len -= 1
-            return ev
-        return self.pop()
-
-    cdef inline Event pop(self) noexcept nogil:
-        # A 4-ary heap (half the depth of a binary one, children share cache lines), popped
-        # Floyd's way: walk the hole down to a leaf along the smallest children, then sift the
-        # last element up from there (usually zero or one step).
+    cdef inline Event heap_pop(self) noexcept nogil:
+        # A 4-ary heap popped Floyd's way: walk the hole down along the smallest children,
+        # then sift the last element up from the leaf (usually zero or one step).
         cdef Event top = self.heap[0]
         cdef Event last
         cdef int64_t i = 0, child, best, k, end, parent, n
@@ -289,68 +441,382 @@ cdef class Engine:
             self.heap[i] = last
         return top
 
-    # -- handlers ------------------------------------------------------------------------
+    cdef inline Event next_event(self) noexcept nogil:
+        """The earliest event: heap events for the current time precede the FIFO's."""
+        cdef Event ev
+        if self.fifo_len > 0 and (self.heap_len == 0 or self.heap[0].time > self.fifo[self.fifo_head].time):
+            ev = self.fifo[self.fifo_head]
+            self.fifo_head += 1
+            if self.fifo_head == self.fifo_cap:
+                self.fifo_head = 0
+            self.fifo_len -= 1
+            return ev
+        return self.heap_pop()
+
+    # -- packets -------------------------------------------------------------------------
+    cdef int32_t packet_new(self) except -1:
+        cdef Packet* grown
+        cdef int32_t i, p
+        if self.pkt_free < 0:
+            grown = <Packet*>realloc(self.pkts, 2 * self.pkt_cap * sizeof(Packet))
+            if grown == NULL:
+                raise MemoryError("packet pool")
+            self.pkts = grown
+            for i in range(self.pkt_cap, 2 * self.pkt_cap):
+                self.pkts[i].next = i + 1 if i + 1 < 2 * self.pkt_cap else -1
+            self.pkt_free = self.pkt_cap
+            self.pkt_cap *= 2
+        p = self.pkt_free
+        self.pkt_free = self.pkts[p].next
+        self.pkts[p].next = -1
+        self.packets_live += 1
+        return p
+
+    cdef inline void packet_release(self, int32_t p) noexcept nogil:
+        self.pkts[p].next = self.pkt_free
+        self.pkt_free = p
+        self.packets_live -= 1
+
+    cdef inline int64_t wire_bytes(self, int path, int ptype, int64_t payload) noexcept nogil:
+        cdef int64_t flit = self.path_flit[path]
+        cdef int64_t raw = payload + self.path_header[path * 4 + ptype]
+        return (raw + flit - 1) // flit * flit
+
+    cdef int32_t route_link(self, int path, int32_t s, int32_t d, int plane, int uplink, int hop) noexcept nogil:
+        """The hop-th link from endpoint s to endpoint d, or -1 past the last one."""
+        cdef int32_t ns, nd, chip, count
+        if path == PATH_D2D:
+            return self.t_d2d[s] if hop == 0 else -1
+        if path == PATH_RDMA:
+            if hop == 0:
+                return self.t_rdma_up[s]
+            return self.t_rdma_down[d] if hop == 1 else -1
+        ns = self.ep_node[s]
+        nd = self.ep_node[d]
+        if hop == 0:
+            return self.t_ep_up[s * self.P + plane]
+        if ns == nd:
+            return self.t_ep_down[d * self.P + plane] if hop == 1 else -1
+        if hop == 1:
+            return self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
+        if hop == 2:
+            chip = self.t_l1_uplink_chip[(ns * self.P + plane) * self.U + uplink]
+            count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
+            return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
+        return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
+
+    cdef inline void leg_ends(self, int32_t p, int32_t* s, int32_t* d) noexcept nogil:
+        """Endpoints of the packet's current leg (a read's request goes the other way)."""
+        cdef int32_t m = self.pkts[p].msg
+        if self.msg_kind[m] == MSG_READ and self.pkts[p].leg == 0:
+            s[0] = self.msg_dst[m]
+            d[0] = self.msg_src[m]
+        else:
+            s[0] = self.msg_src[m]
+            d[0] = self.msg_dst[m]
+
+    cdef inline void voq_append(self, int32_t link, int32_t slot, int32_t p) noexcept nogil:
+        cdef int64_t q = self.voq_base[link] + slot * NUM_VLS + self.pkts[p].vl
+        self.pkts[p].next = -1
+        self.pkts[p].link = link
+        if self.voq_tail[q] < 0:
+            self.voq_head[q] = p
+        else:
+            self.pkts[self.voq_tail[q]].next = p
+        self.voq_tail[q] = p
+        self.queued[link] += 1
+
+    # -- counters --------------------------------------------------------------------------
+    cdef int series_flush(self, int32_t link) except -1:
+        cdef int64_t* grown
+        if self.cur_bin[link] < 0:
+            return 0
+        if self.series_len == self.series_cap:
+            grown = <int64_t*>realloc(self.series, 2 * self.series_cap * 4 * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError("link counters")
+            self.series = grown
+            self.series_cap *= 2
+        self.series[4 * self.series_len] = link
+        self.series[4 * self.series_len + 1] = self.cur_bin[link]
+        self.series[4 * self.series_len + 2] = self.cur_bytes[link]
+        self.series[4 * self.series_len + 3] = self.cur_busy[link]
+        self.series_len += 1
+        return 0
+
+    cdef int count_transmission(self, int32_t link, int64_t start, int64_t ser, int64_t nbytes) except -1:
+        cdef int64_t t = start, end = start + ser, b, seg_end
+        self.lbytes[link] += nbytes
+        self.lbusy[link] += ser
+        if self.bin_ps <= 0:
+            return 0
+        while True:
+            b = t // self.bin_ps
+            seg_end = (b + 1) * self.bin_ps
+            if seg_end > end:
+                seg_end = end
+            if self.cur_bin[link] != b:
+                self.series_flush(link)
+                self.cur_bin[link] = b
+                self.cur_bytes[link] = 0
+                self.cur_busy[link] = 0
+            self.cur_bytes[link] += nbytes
+            self.cur_busy[link] += seg_end - t
+            nbytes = 0  # bytes count in the bin where the packet starts
+            t = seg_end
+            if t >= end:
+                break
+        return 0
+
+    def link_series(self):
+        """Binned link counters as COO arrays: link, bin, bytes, busy_ps (flushes the bins)."""
+        cdef int64_t link
+        for link in range(self.cur_bin.shape[0]):
+            self.series_flush(<int32_t>link)
+            self.cur_bin[link] = -1
+        out = np.empty((self.series_len, 4), dtype=np.int64)
+        cdef int64_t[:, ::1] o = out
+        cdef int64_t i, j
+        for i in range(self.series_len):
+            for j in range(4):
+                o[i, j] = self.series[4 * i + j]
+        order = np.lexsort((out[:, 1], out[:, 0]))
+        out = out[order]
+        return {"bin_ps": int(self.bin_ps), "link": out[:, 0].astype(np.int32), "bin": out[:, 1].astype(np.int32),
+                "bytes": out[:, 2].copy(), "busy_ps": out[:, 3].copy()}
+
+    # -- link arbitration ------------------------------------------------------------------
+    cdef int try_transmit(self, int32_t link) except -1:
+        """Start the next packet on an idle link: round robin over its non-empty VOQs whose
+        head packet fits in the receiver's credits."""
+        cdef int64_t base, q, n, k, pos, ser
+        cdef int32_t p = -1, prev, vl
+        if self.queued[link] == 0:
+            return 0
+        if self.busy_until[link] > self.now:
+            if not self.free_pending[link]:
+                self.free_pending[link] = 1
+                self.push(self.busy_until[link], EV_LINK_FREE, link)
+            return 0
+        base = self.voq_base[link]
+        n = self.voq_slots[link] * NUM_VLS
+        for k in range(n):
+            pos = (self.rr[link] + k) % n
+            q = base + pos
+            p = self.voq_head[q]
+            if p >= 0 and self.credits[link * NUM_VLS + self.pkts[p].vl] >= self.pkts[p].wire:
+                break
+            p = -1
+        if p < 0:
+            return 0  # every head waits for credits: a credit return will call again
+        self.voq_head[q] = self.pkts[p].next
+        if self.voq_head[q] < 0:
+            self.voq_tail[q] = -1
+        self.queued[link] -= 1
+        self.rr[link] = <int32_t>((pos + 1) % n)
+        vl = self.pkts[p].vl
+        self.credits[link * NUM_VLS + vl] -= self.pkts[p].wire
+        ser = serialisation_ps(self.pkts[p].wire, self.link_rate[link])
+        self.busy_until[link] = self.now + ser
+        self.count_transmission(link, self.now, ser, self.pkts[p].wire)
+        self.packets_sent += 1
+        prev = self.pkts[p].in_link
+        self.pkts[p].in_link = link
+        self.push(self.now + ser + self.link_lat[link], EV_PKT_ARRIVE, p)
+        if self.queued[link] > 0 and not self.free_pending[link]:
+            self.free_pending[link] = 1
+            self.push(self.busy_until[link], EV_LINK_FREE, link)
+        if prev >= 0:
+            # The packet left prev's receive buffer: its credit goes back to prev's sender.
+            self.credits[prev * NUM_VLS + vl] += self.pkts[p].wire
+            self.try_transmit(prev)
+        return 0
+
+    # -- handlers --------------------------------------------------------------------------
     cdef int on_op_ready(self, int32_t op) except -1:
         cdef int64_t t = self.now, start
         cdef int32_t msg, r
-        cdef int64_t c
         cdef uint8_t kind = self.op_kind[op]
         self.op_start[op] = t
         if kind == K_COMP:
-            self.push(t + self.op_dur_ps[op], EV_OP_DONE, op, 0)
+            self.push(t + self.op_dur_ps[op], EV_OP_DONE, op)
         elif kind == K_MEM:
             r = self.op_res[op]
             start = t if t > self.res_free[r] else self.res_free[r]
             self.res_free[r] = start + self.op_dur_ps[op]
-            self.push(start + self.op_dur_ps[op] + self.op_lat_ps[op], EV_OP_DONE, op, 0)
+            self.push(start + self.op_dur_ps[op] + self.op_lat_ps[op], EV_OP_DONE, op)
         elif kind == K_SEND:
             msg = self.op_msg[op]
-            self.msg_send_left[msg] = <int32_t>(self.msg_chunk_ptr[msg + 1] - self.msg_chunk_ptr[msg])
-            self.msg_send_end[msg] = t
-            for c in range(self.msg_chunk_ptr[msg], self.msg_chunk_ptr[msg + 1]):
-                self.push(t, EV_CHUNK_HOP, <int32_t>c, 0)
+            if self.msg_kind[msg] == MSG_WRITE:
+                self.push(t + self.ep_startup[self.msg_src[msg]], EV_MSG_START, msg)
+            else:
+                self.push(t, EV_OP_DONE, op)  # the holder of read data has nothing to do
         else:  # K_RECV
             msg = self.op_msg[op]
+            if self.msg_kind[msg] == MSG_READ:
+                self.push(t + self.ep_startup[self.msg_dst[msg]], EV_MSG_START, msg)
             if self.msg_delivered[msg] >= 0:
-                self.push(t, EV_OP_DONE, op, 0)
+                self.push(t, EV_OP_DONE, op)
             else:
                 self.recv_waiting[msg] = 1
         return 0
 
-    cdef int on_chunk_hop(self, int32_t chunk, int32_t hop) except -1:
-        cdef int64_t t = self.now
-        cdef int64_t ptr = self.chunk_route_lo[chunk] + hop
-        cdef int32_t link = self.route_links[ptr]
-        cdef int64_t nbytes = self.chunk_bytes[chunk]
-        cdef int64_t start = t if t > self.link_free[link] else self.link_free[link]
-        cdef int64_t ser = serialisation_ps(nbytes, self.link_rate[link])
-        cdef int64_t sent = start + ser
-        cdef int32_t msg
-        self.link_free[link] = sent
-        self.lbytes[link] += nbytes
-        self.lbusy[link] += ser
-        if hop == 0:
-            # The sender is done with a chunk once its last byte left the first link.
-            msg = self.chunk_msg[chunk]
-            if sent > self.msg_send_end[msg]:
-                self.msg_send_end[msg] = sent
-            self.msg_send_left[msg] -= 1
-            if self.msg_send_left[msg] == 0:
-                self.push(self.msg_send_end[msg], EV_OP_DONE, self.msg_send_op[msg], 0)
-        if ptr + 1 < self.chunk_route_hi[chunk]:
-            self.push(sent + self.link_lat[link], EV_CHUNK_HOP, chunk, hop + 1)
+    cdef int on_message_start(self, int32_t msg) except -1:
+        cdef int32_t ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
+        self.msg_qnext[msg] = -1
+        if self.ep_qtail[ini] < 0:
+            self.ep_qhead[ini] = msg
         else:
-            self.push(sent + self.link_lat[link], EV_CHUNK_ARRIVE, chunk, 0)
+            self.msg_qnext[self.ep_qtail[ini]] = msg
+        self.ep_qtail[ini] = msg
+        self.inject(ini)
         return 0
 
-    cdef int on_chunk_arrive(self, int32_t chunk) except -1:
-        cdef int32_t msg = self.chunk_msg[chunk]
-        self.msg_arrive_left[msg] -= 1
-        if self.msg_arrive_left[msg] == 0:
-            self.msg_delivered[msg] = self.now
-            if self.recv_waiting[msg]:
-                self.recv_waiting[msg] = 0
-                self.push(self.now, EV_OP_DONE, self.msg_recv_op[msg], 0)
+    cdef int inject(self, int32_t ep) except -1:
+        """Issue packets of the initiator's queued messages while its window and rate allow."""
+        cdef int32_t m, p, first, s, d
+        cdef int64_t payload, idx
+        cdef int path, kind
+        while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
+            if self.ep_issue_free[ep] > self.now:
+                if not self.ep_inject_pending[ep]:
+                    self.ep_inject_pending[ep] = 1
+                    self.push(self.ep_issue_free[ep], EV_INJECT, ep)
+                return 0
+            m = self.ep_qhead[ep]
+            path = self.msg_path[m]
+            kind = self.msg_kind[m]
+            payload = self.msg_bytes[m] - self.msg_offset[m]
+            if payload > self.path_mtu[path]:
+                payload = self.path_mtu[path]
+            p = self.packet_new()
+            self.pkts[p].msg = m
+            self.pkts[p].payload = <int32_t>payload
+            self.pkts[p].seq = self.msg_seq[m]
+            self.pkts[p].leg = 0
+            self.pkts[p].hop = 0
+            self.pkts[p].in_link = -1
+            self.pkts[p].vl = 0
+            self.pkts[p].ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
+            self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype,
+                                                           payload if kind == MSG_WRITE else 0)
+            if self.lb == LB_SPRAY:
+                idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
+            else:
+                idx = self.msg_hash[m] % (self.P * self.U)
+            self.pkts[p].plane = <uint8_t>(idx % self.P)
+            self.pkts[p].uplink = <int32_t>(idx // self.P)
+            self.msg_offset[m] += payload
+            self.msg_seq[m] += 1
+            if self.msg_seq[m] == self.msg_npkts[m]:
+                self.ep_qhead[ep] = self.msg_qnext[m]
+                if self.ep_qhead[ep] < 0:
+                    self.ep_qtail[ep] = -1
+            self.ep_outstanding[ep] += 1
+            self.ep_issue_free[ep] = self.now + self.ep_issue[ep * 2 + kind]
+            self.leg_ends(p, &s, &d)
+            first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
+            self.voq_append(first, 0, p)
+            self.try_transmit(first)
+        return 0
+
+    cdef int on_inject(self, int32_t ep) except -1:
+        self.ep_inject_pending[ep] = 0
+        self.inject(ep)
+        return 0
+
+    cdef int on_link_free(self, int32_t link) except -1:
+        self.free_pending[link] = 0
+        self.try_transmit(link)
+        return 0
+
+    cdef int on_packet_arrive(self, int32_t p) except -1:
+        """The packet's tail reached the far end of its link: a switch, or its destination."""
+        cdef int32_t link = self.pkts[p].link, nxt, s, d, m
+        cdef int64_t rate, start
+        m = self.pkts[p].msg
+        self.leg_ends(p, &s, &d)
+        nxt = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, self.pkts[p].hop + 1)
+        if nxt >= 0:
+            self.pkts[p].hop += 1
+            self.voq_append(nxt, self.link_in_slot[link], p)
+            self.try_transmit(nxt)
+            return 0
+        rate = self.ep_sink_rate[d]
+        if rate > 0 and self.pkts[p].ptype == PKT_WRITE:
+            start = self.now if self.now > self.ep_sink_free[d] else self.ep_sink_free[d]
+            self.ep_sink_free[d] = start + serialisation_ps(self.pkts[p].payload, rate)
+            self.push(self.ep_sink_free[d], EV_SINK_DONE, p)
+        else:
+            self.on_sink_done(p)
+        return 0
+
+    cdef int64_t ack_trip_ps(self, int32_t p) noexcept nogil:
+        """An ack's trip from the write's destination back to its source, on an idle path."""
+        cdef int32_t m = self.pkts[p].msg, link
+        cdef int path = self.msg_path[m], hop = 0
+        cdef int64_t total = 0, wire = self.wire_bytes(path, PKT_ACK, 0)
+        while True:
+            link = self.route_link(path, self.msg_dst[m], self.msg_src[m], self.pkts[p].plane, self.pkts[p].uplink, hop)
+            if link < 0:
+                return total
+            total += serialisation_ps(wire, self.link_rate[link]) + self.link_lat[link]
+            hop += 1
+
+    cdef int on_sink_done(self, int32_t p) except -1:
+        """The destination took the packet out of its receive buffer."""
+        cdef int32_t m = self.pkts[p].msg, link = self.pkts[p].in_link, s, d
+        cdef int64_t t
+        self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
+        self.try_transmit(link)
+        if self.pkts[p].ptype == PKT_WRITE:
+            t = self.now + self.ep_write_lat[self.msg_dst[m]]
+            self.msg_undelivered[m] -= 1
+            if self.msg_undelivered[m] == 0:
+                self.push(t, EV_MSG_DELIVERED, m)
+            self.push(t + self.ack_trip_ps(p), EV_ACK, p)
+        elif self.pkts[p].ptype == PKT_READ_REQ:
+            self.push(self.now + self.ep_read_lat[self.msg_src[m]], EV_RESP_INJECT, p)
+        else:  # read response, back at the initiator
+            d = self.msg_dst[m]
+            self.ep_outstanding[d] -= 1
+            self.packet_release(p)
+            self.msg_undelivered[m] -= 1
+            if self.msg_undelivered[m] == 0:
+                self.on_message_delivered(m)
+            self.inject(d)
+        return 0
+
+    cdef int on_response_inject(self, int32_t p) except -1:
+        cdef int32_t m = self.pkts[p].msg, first
+        cdef int path = self.msg_path[m]
+        self.pkts[p].leg = 1
+        self.pkts[p].ptype = PKT_READ_RESP
+        self.pkts[p].vl = 1
+        self.pkts[p].hop = 0
+        self.pkts[p].in_link = -1
+        self.pkts[p].wire = <int32_t>self.wire_bytes(path, PKT_READ_RESP, self.pkts[p].payload)
+        first = self.route_link(path, self.msg_src[m], self.msg_dst[m], self.pkts[p].plane, self.pkts[p].uplink, 0)
+        self.voq_append(first, 0, p)
+        self.try_transmit(first)
+        return 0
+
+    cdef int on_ack(self, int32_t p) except -1:
+        cdef int32_t m = self.pkts[p].msg
+        cdef int32_t src = self.msg_src[m]
+        self.ep_outstanding[src] -= 1
+        self.packet_release(p)
+        self.msg_unacked[m] -= 1
+        if self.msg_unacked[m] == 0 and self.msg_send_op[m] >= 0:
+            self.push(self.now, EV_OP_DONE, self.msg_send_op[m])
+        self.inject(src)
+        return 0
+
+    cdef int on_message_delivered(self, int32_t m) except -1:
+        self.msg_delivered[m] = self.now
+        if self.recv_waiting[m]:
+            self.recv_waiting[m] = 0
+            self.push(self.now, EV_OP_DONE, self.msg_recv_op[m])
         return 0
 
     cdef int on_op_done(self, int32_t op) except -1:
@@ -362,10 +828,10 @@ cdef class Engine:
             nxt = self.succ_idx[s]
             self.pending_deps[nxt] -= 1
             if self.pending_deps[nxt] == 0:
-                self.push(self.now, EV_OP_READY, nxt, 0)
+                self.push(self.now, EV_OP_READY, nxt)
         return 0
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- the loop --------------------------------------------------------------------------
     def run(self, int64_t max_events=-1):
         """Process events until none remain or max_events were handled in this call.
 
@@ -379,16 +845,33 @@ cdef class Engine:
             self.events += 1
             if budget > 0:
                 budget -= 1
-            if ev.kind == EV_CHUNK_HOP:
-                self.on_chunk_hop(ev.a, ev.b)
+            if ev.kind == EV_PKT_ARRIVE:
+                self.on_packet_arrive(ev.a)
+            elif ev.kind == EV_LINK_FREE:
+                self.on_link_free(ev.a)
+            elif ev.kind == EV_ACK:
+                self.on_ack(ev.a)
             elif ev.kind == EV_OP_DONE:
                 self.on_op_done(ev.a)
             elif ev.kind == EV_OP_READY:
                 self.on_op_ready(ev.a)
+            elif ev.kind == EV_INJECT:
+                self.on_inject(ev.a)
+            elif ev.kind == EV_MSG_START:
+                self.on_message_start(ev.a)
+            elif ev.kind == EV_SINK_DONE:
+                self.on_sink_done(ev.a)
+            elif ev.kind == EV_RESP_INJECT:
+                self.on_response_inject(ev.a)
             else:
-                self.on_chunk_arrive(ev.a)
+                self.on_message_delivered(ev.a)
         return self.heap_len == 0 and self.fifo_len == 0
 
     @property
     def pending(self):
         return self.heap_len + self.fifo_len
+
+    @property
+    def credit_bytes(self):
+        """Credits per link and virtual lane, now (for invariant checks)."""
+        return np.asarray(self.credits).reshape(-1, NUM_VLS).copy()

@@ -1,6 +1,7 @@
-"""Pure-Python reference of the event kernel in ``engine.pyx``: the same loop, handler for
-handler, with ``heapq`` for the heap. Slow (about 20x or more below the Cython kernel); it exists
-so that tests can check the native kernel gives identical results, event for event.
+"""Pure-Python reference of the event kernel in ``engine.pyx``: the same model, handler for
+handler, with one plain ``heapq`` heap. Slow (20x or more below the Cython kernel); it exists so
+that tests can check the native kernel gives identical results, event for event. Keep the two in
+step: a change to a handler there is a change here.
 """
 from __future__ import annotations
 
@@ -8,8 +9,22 @@ import heapq
 
 import numpy as np
 
+from cmemu.lower.fabric import (
+    LB_SPRAY,
+    MSG_READ,
+    MSG_WRITE,
+    NUM_VLS,
+    PATH_D2D,
+    PATH_RDMA,
+    PKT_ACK,
+    PKT_READ_REQ,
+    PKT_READ_RESP,
+    PKT_WRITE,
+)
+
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
-EV_OP_READY, EV_OP_DONE, EV_CHUNK_HOP, EV_CHUNK_ARRIVE = range(4)
+(EV_OP_READY, EV_OP_DONE, EV_MSG_START, EV_INJECT, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE,
+ EV_RESP_INJECT, EV_ACK, EV_MSG_DELIVERED) = range(10)
 PS_PER_S = 10**12
 
 
@@ -18,9 +33,13 @@ def serialisation_time_ps(nbytes: int, rate_byte_per_s: int) -> int:
     return -(-int(nbytes) * PS_PER_S // int(rate_byte_per_s))
 
 
+class _Packet:
+    __slots__ = ("msg", "payload", "wire", "link", "in_link", "hop", "seq", "leg", "ptype", "vl", "plane", "uplink")
+
+
 class Engine:
-    def __init__(self, lowered):
-        L = lowered
+    def __init__(self, lowered, fabric, bin_ps=0):
+        L, F = lowered, fabric
         self.n_ops = int(L.op_kind.shape[0])
         self.op_kind = L.op_kind.tolist()
         self.op_dur_ps = L.op_dur_ps.tolist()
@@ -32,28 +51,87 @@ class Engine:
         self.pending_deps = L.op_npred.tolist()
         self.op_start = [-1] * self.n_ops
         self.op_end = [-1] * self.n_ops
-        n_msgs = int(L.msg_send_op.shape[0])
+        self.res_free = [0] * max(int(L.n_resources), 1)
+
+        n_msgs = int(L.msg_src.shape[0])
+        self.msg_src = L.msg_src.tolist()
+        self.msg_dst = L.msg_dst.tolist()
+        self.msg_bytes = L.msg_bytes.tolist()
+        self.msg_kind = L.msg_kind.tolist()
+        self.msg_path = L.msg_path.tolist()
+        self.msg_hash = L.msg_hash.tolist()
         self.msg_send_op = L.msg_send_op.tolist()
         self.msg_recv_op = L.msg_recv_op.tolist()
-        self.msg_chunk_ptr = L.msg_chunk_ptr.tolist()
-        self.chunk_msg = L.chunk_msg.tolist()
-        self.chunk_bytes = L.chunk_bytes.tolist()
-        self.chunk_route_lo = L.chunk_route_lo.tolist()
-        self.chunk_route_hi = L.chunk_route_hi.tolist()
-        self.route_links = L.route_links.tolist()
-        self.msg_send_left = [0] * n_msgs
-        self.msg_arrive_left = np.diff(L.msg_chunk_ptr).tolist()
-        self.msg_send_end = [0] * n_msgs
-        self.msg_delivered = [-1] * n_msgs
+        self.msg_offset = [0] * n_msgs
+        self.msg_seq = [0] * n_msgs
+        npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
+        self.msg_npkts = npkts.tolist()
+        self.msg_undelivered = npkts.tolist()
+        self.msg_unacked = npkts.tolist()
+        self.msg_qnext = [-1] * n_msgs
         self.recv_waiting = [False] * n_msgs
-        self.link_rate = L.link_rate_byte_per_s.tolist()
-        self.link_lat = L.link_latency_ps.tolist()
-        n_links = len(self.link_rate)
-        self.link_free = [0] * n_links
+        self.msg_delivered = [-1] * n_msgs
+
+        n_eps = int(F.ep_node.shape[0])
+        self.ep_startup = F.ep_startup_ps.tolist()
+        self.ep_write_lat = F.ep_write_latency_ps.tolist()
+        self.ep_read_lat = F.ep_read_latency_ps.tolist()
+        self.ep_sink_rate = F.ep_sink_byte_per_s.tolist()
+        self.ep_max_out = F.ep_max_outstanding.tolist()
+        self.ep_issue = F.ep_issue_ps.tolist()
+        self.ep_node = F.ep_node.tolist()
+        self.ep_qhead = [-1] * n_eps
+        self.ep_qtail = [-1] * n_eps
+        self.ep_outstanding = [0] * n_eps
+        self.ep_issue_free = [0] * n_eps
+        self.ep_sink_free = [0] * n_eps
+        self.ep_inject_pending = [False] * n_eps
+
+        self.path_mtu = F.path_mtu_byte.tolist()
+        self.path_flit = F.path_flit_byte.tolist()
+        self.path_header = F.path_header_byte.tolist()
+
+        n_links = int(F.link_rate_byte_per_s.shape[0])
+        self.link_rate = F.link_rate_byte_per_s.tolist()
+        self.link_lat = F.link_latency_ps.tolist()
+        self.link_in_slot = F.link_in_slot.tolist()
+        self.voq_base = F.link_voq_base.tolist()
+        self.voq_slots = F.link_voq_slots.tolist()
+        self.credits = np.repeat(F.link_credit_byte, NUM_VLS).tolist()
+        self.busy_until = [0] * n_links
+        self.free_pending = [False] * n_links
+        self.queued = [0] * n_links
+        self.rr = [0] * n_links
+        self.voq_head = [-1] * F.num_voqs
+        self.voq_tail = [-1] * F.num_voqs
+        self.pkt_next = {}
         self.lbytes = [0] * n_links
         self.lbusy = [0] * n_links
-        self.res_free = [0] * int(L.n_resources)
-        self.heap: list[tuple[int, int, int, int, int]] = []
+
+        self.t_ep_up = F.ep_up.tolist()
+        self.t_ep_down = F.ep_down.tolist()
+        self.t_l1_uplink = F.l1_uplink.tolist()
+        self.t_l1_uplink_chip = F.l1_uplink_chip.tolist()
+        self.t_l2_down = F.l2_down.tolist()
+        self.t_l2_down_count = F.l2_down_count.tolist()
+        self.t_d2d = F.d2d.tolist()
+        self.t_rdma_up = F.rdma_up.tolist()
+        self.t_rdma_down = F.rdma_down.tolist()
+        self.P, self.U, self.C, self.M, self.N = F.planes, F.uplinks, F.l2_chips, F.l2_mult, F.num_nodes
+        self.lb = F.load_balancing
+
+        self.bin_ps = int(bin_ps)
+        self.cur_bin = [-1] * n_links
+        self.cur_bytes = [0] * n_links
+        self.cur_busy = [0] * n_links
+        self.series = []
+
+        self.pkts: list[_Packet] = []
+        self.pkt_free: list[int] = []
+        self.packets_sent = 0
+        self.packets_live = 0
+
+        self.heap: list[tuple[int, int, int, int]] = []
         self.seq = 0
         self.now = 0
         self.events = 0
@@ -62,69 +140,324 @@ class Engine:
         self.past_event = False
         for i in range(self.n_ops):
             if self.pending_deps[i] == 0:
-                self.push(0, EV_OP_READY, i, 0)
+                self.push(0, EV_OP_READY, i)
 
-    def push(self, time, kind, a, b):
+    # -- the event queue -------------------------------------------------------------------
+    def push(self, time, kind, a):
         if time < self.now:
             self.past_event = True
-        heapq.heappush(self.heap, (time, self.seq, kind, a, b))
+        heapq.heappush(self.heap, (time, self.seq, kind, a))
         self.seq += 1
         if len(self.heap) > self.max_pending:
             self.max_pending = len(self.heap)
 
+    # -- packets ---------------------------------------------------------------------------
+    def packet_new(self):
+        # Reuse slots in the same order as the native pool (a LIFO free list).
+        if self.pkt_free:
+            p = self.pkt_free.pop()
+        else:
+            p = len(self.pkts)
+            self.pkts.append(_Packet())
+        self.packets_live += 1
+        return p
+
+    def packet_release(self, p):
+        self.pkt_free.append(p)
+        self.packets_live -= 1
+
+    def wire_bytes(self, path, ptype, payload):
+        flit = self.path_flit[path]
+        raw = payload + self.path_header[path * 4 + ptype]
+        return -(-raw // flit) * flit
+
+    def route_link(self, path, s, d, plane, uplink, hop):
+        if path == PATH_D2D:
+            return self.t_d2d[s] if hop == 0 else -1
+        if path == PATH_RDMA:
+            if hop == 0:
+                return self.t_rdma_up[s]
+            return self.t_rdma_down[d] if hop == 1 else -1
+        ns, nd = self.ep_node[s], self.ep_node[d]
+        if hop == 0:
+            return self.t_ep_up[s * self.P + plane]
+        if ns == nd:
+            return self.t_ep_down[d * self.P + plane] if hop == 1 else -1
+        if hop == 1:
+            return self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
+        if hop == 2:
+            chip = self.t_l1_uplink_chip[(ns * self.P + plane) * self.U + uplink]
+            count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
+            return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
+        return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
+
+    def leg_ends(self, p):
+        pk = self.pkts[p]
+        m = pk.msg
+        if self.msg_kind[m] == MSG_READ and pk.leg == 0:
+            return self.msg_dst[m], self.msg_src[m]
+        return self.msg_src[m], self.msg_dst[m]
+
+    def voq_append(self, link, slot, p):
+        pk = self.pkts[p]
+        q = self.voq_base[link] + slot * NUM_VLS + pk.vl
+        self.pkt_next[p] = -1
+        pk.link = link
+        if self.voq_tail[q] < 0:
+            self.voq_head[q] = p
+        else:
+            self.pkt_next[self.voq_tail[q]] = p
+        self.voq_tail[q] = p
+        self.queued[link] += 1
+
+    # -- counters --------------------------------------------------------------------------
+    def series_flush(self, link):
+        if self.cur_bin[link] >= 0:
+            self.series.append((link, self.cur_bin[link], self.cur_bytes[link], self.cur_busy[link]))
+
+    def count_transmission(self, link, start, ser, nbytes):
+        self.lbytes[link] += nbytes
+        self.lbusy[link] += ser
+        if self.bin_ps <= 0:
+            return
+        t, end = start, start + ser
+        while True:
+            b = t // self.bin_ps
+            seg_end = min((b + 1) * self.bin_ps, end)
+            if self.cur_bin[link] != b:
+                self.series_flush(link)
+                self.cur_bin[link] = b
+                self.cur_bytes[link] = 0
+                self.cur_busy[link] = 0
+            self.cur_bytes[link] += nbytes
+            self.cur_busy[link] += seg_end - t
+            nbytes = 0
+            t = seg_end
+            if t >= end:
+                break
+
+    def link_series(self):
+        for link in range(len(self.cur_bin)):
+            self.series_flush(link)
+            self.cur_bin[link] = -1
+        out = np.asarray(self.series, dtype=np.int64).reshape(-1, 4)
+        out = out[np.lexsort((out[:, 1], out[:, 0]))]
+        return {"bin_ps": self.bin_ps, "link": out[:, 0].astype(np.int32), "bin": out[:, 1].astype(np.int32),
+                "bytes": out[:, 2].copy(), "busy_ps": out[:, 3].copy()}
+
+    # -- link arbitration ------------------------------------------------------------------
+    def try_transmit(self, link):
+        if self.queued[link] == 0:
+            return
+        if self.busy_until[link] > self.now:
+            if not self.free_pending[link]:
+                self.free_pending[link] = True
+                self.push(self.busy_until[link], EV_LINK_FREE, link)
+            return
+        base = self.voq_base[link]
+        n = self.voq_slots[link] * NUM_VLS
+        p = -1
+        for k in range(n):
+            pos = (self.rr[link] + k) % n
+            q = base + pos
+            head = self.voq_head[q]
+            if head >= 0 and self.credits[link * NUM_VLS + self.pkts[head].vl] >= self.pkts[head].wire:
+                p = head
+                break
+        if p < 0:
+            return
+        pk = self.pkts[p]
+        self.voq_head[q] = self.pkt_next[p]
+        if self.voq_head[q] < 0:
+            self.voq_tail[q] = -1
+        self.queued[link] -= 1
+        self.rr[link] = (pos + 1) % n
+        vl = pk.vl
+        self.credits[link * NUM_VLS + vl] -= pk.wire
+        ser = serialisation_time_ps(pk.wire, self.link_rate[link])
+        self.busy_until[link] = self.now + ser
+        self.count_transmission(link, self.now, ser, pk.wire)
+        self.packets_sent += 1
+        prev = pk.in_link
+        pk.in_link = link
+        self.push(self.now + ser + self.link_lat[link], EV_PKT_ARRIVE, p)
+        if self.queued[link] > 0 and not self.free_pending[link]:
+            self.free_pending[link] = True
+            self.push(self.busy_until[link], EV_LINK_FREE, link)
+        if prev >= 0:
+            self.credits[prev * NUM_VLS + vl] += pk.wire
+            self.try_transmit(prev)
+
+    # -- handlers --------------------------------------------------------------------------
     def on_op_ready(self, op):
         t = self.now
         kind = self.op_kind[op]
         self.op_start[op] = t
         if kind == K_COMP:
-            self.push(t + self.op_dur_ps[op], EV_OP_DONE, op, 0)
+            self.push(t + self.op_dur_ps[op], EV_OP_DONE, op)
         elif kind == K_MEM:
             r = self.op_res[op]
             start = max(t, self.res_free[r])
             self.res_free[r] = start + self.op_dur_ps[op]
-            self.push(start + self.op_dur_ps[op] + self.op_lat_ps[op], EV_OP_DONE, op, 0)
+            self.push(start + self.op_dur_ps[op] + self.op_lat_ps[op], EV_OP_DONE, op)
         elif kind == K_SEND:
             msg = self.op_msg[op]
-            lo, hi = self.msg_chunk_ptr[msg], self.msg_chunk_ptr[msg + 1]
-            self.msg_send_left[msg] = hi - lo
-            self.msg_send_end[msg] = t
-            for c in range(lo, hi):
-                self.push(t, EV_CHUNK_HOP, c, 0)
+            if self.msg_kind[msg] == MSG_WRITE:
+                self.push(t + self.ep_startup[self.msg_src[msg]], EV_MSG_START, msg)
+            else:
+                self.push(t, EV_OP_DONE, op)
         else:
             msg = self.op_msg[op]
+            if self.msg_kind[msg] == MSG_READ:
+                self.push(t + self.ep_startup[self.msg_dst[msg]], EV_MSG_START, msg)
             if self.msg_delivered[msg] >= 0:
-                self.push(t, EV_OP_DONE, op, 0)
+                self.push(t, EV_OP_DONE, op)
             else:
                 self.recv_waiting[msg] = True
 
-    def on_chunk_hop(self, chunk, hop):
-        t = self.now
-        ptr = self.chunk_route_lo[chunk] + hop
-        link = self.route_links[ptr]
-        nbytes = self.chunk_bytes[chunk]
-        start = max(t, self.link_free[link])
-        ser = serialisation_time_ps(nbytes, self.link_rate[link])
-        sent = start + ser
-        self.link_free[link] = sent
-        self.lbytes[link] += nbytes
-        self.lbusy[link] += ser
-        if hop == 0:
-            msg = self.chunk_msg[chunk]
-            self.msg_send_end[msg] = max(self.msg_send_end[msg], sent)
-            self.msg_send_left[msg] -= 1
-            if self.msg_send_left[msg] == 0:
-                self.push(self.msg_send_end[msg], EV_OP_DONE, self.msg_send_op[msg], 0)
-        kind = EV_CHUNK_HOP if ptr + 1 < self.chunk_route_hi[chunk] else EV_CHUNK_ARRIVE
-        self.push(sent + self.link_lat[link], kind, chunk, hop + 1 if kind == EV_CHUNK_HOP else 0)
+    def on_message_start(self, msg):
+        ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
+        self.msg_qnext[msg] = -1
+        if self.ep_qtail[ini] < 0:
+            self.ep_qhead[ini] = msg
+        else:
+            self.msg_qnext[self.ep_qtail[ini]] = msg
+        self.ep_qtail[ini] = msg
+        self.inject(ini)
 
-    def on_chunk_arrive(self, chunk):
-        msg = self.chunk_msg[chunk]
-        self.msg_arrive_left[msg] -= 1
-        if self.msg_arrive_left[msg] == 0:
-            self.msg_delivered[msg] = self.now
-            if self.recv_waiting[msg]:
-                self.recv_waiting[msg] = False
-                self.push(self.now, EV_OP_DONE, self.msg_recv_op[msg], 0)
+    def inject(self, ep):
+        while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
+            if self.ep_issue_free[ep] > self.now:
+                if not self.ep_inject_pending[ep]:
+                    self.ep_inject_pending[ep] = True
+                    self.push(self.ep_issue_free[ep], EV_INJECT, ep)
+                return
+            m = self.ep_qhead[ep]
+            path = self.msg_path[m]
+            kind = self.msg_kind[m]
+            payload = min(self.msg_bytes[m] - self.msg_offset[m], self.path_mtu[path])
+            p = self.packet_new()
+            pk = self.pkts[p]
+            pk.msg = m
+            pk.payload = payload
+            pk.seq = self.msg_seq[m]
+            pk.leg = 0
+            pk.hop = 0
+            pk.in_link = -1
+            pk.vl = 0
+            pk.ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
+            pk.wire = self.wire_bytes(path, pk.ptype, payload if kind == MSG_WRITE else 0)
+            if self.lb == LB_SPRAY:
+                idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
+            else:
+                idx = self.msg_hash[m] % (self.P * self.U)
+            pk.plane = idx % self.P
+            pk.uplink = idx // self.P
+            self.msg_offset[m] += payload
+            self.msg_seq[m] += 1
+            if self.msg_seq[m] == self.msg_npkts[m]:
+                self.ep_qhead[ep] = self.msg_qnext[m]
+                if self.ep_qhead[ep] < 0:
+                    self.ep_qtail[ep] = -1
+            self.ep_outstanding[ep] += 1
+            self.ep_issue_free[ep] = self.now + self.ep_issue[ep * 2 + kind]
+            s, d = self.leg_ends(p)
+            first = self.route_link(path, s, d, pk.plane, pk.uplink, 0)
+            self.voq_append(first, 0, p)
+            self.try_transmit(first)
+
+    def on_inject(self, ep):
+        self.ep_inject_pending[ep] = False
+        self.inject(ep)
+
+    def on_link_free(self, link):
+        self.free_pending[link] = False
+        self.try_transmit(link)
+
+    def on_packet_arrive(self, p):
+        pk = self.pkts[p]
+        link = pk.link
+        m = pk.msg
+        s, d = self.leg_ends(p)
+        nxt = self.route_link(self.msg_path[m], s, d, pk.plane, pk.uplink, pk.hop + 1)
+        if nxt >= 0:
+            pk.hop += 1
+            self.voq_append(nxt, self.link_in_slot[link], p)
+            self.try_transmit(nxt)
+            return
+        rate = self.ep_sink_rate[d]
+        if rate > 0 and pk.ptype == PKT_WRITE:
+            start = max(self.now, self.ep_sink_free[d])
+            self.ep_sink_free[d] = start + serialisation_time_ps(pk.payload, rate)
+            self.push(self.ep_sink_free[d], EV_SINK_DONE, p)
+        else:
+            self.on_sink_done(p)
+
+    def ack_trip_ps(self, p):
+        pk = self.pkts[p]
+        m = pk.msg
+        path = self.msg_path[m]
+        wire = self.wire_bytes(path, PKT_ACK, 0)
+        total, hop = 0, 0
+        while True:
+            link = self.route_link(path, self.msg_dst[m], self.msg_src[m], pk.plane, pk.uplink, hop)
+            if link < 0:
+                return total
+            total += serialisation_time_ps(wire, self.link_rate[link]) + self.link_lat[link]
+            hop += 1
+
+    def on_sink_done(self, p):
+        pk = self.pkts[p]
+        m = pk.msg
+        link = pk.in_link
+        self.credits[link * NUM_VLS + pk.vl] += pk.wire
+        self.try_transmit(link)
+        if pk.ptype == PKT_WRITE:
+            t = self.now + self.ep_write_lat[self.msg_dst[m]]
+            self.msg_undelivered[m] -= 1
+            if self.msg_undelivered[m] == 0:
+                self.push(t, EV_MSG_DELIVERED, m)
+            self.push(t + self.ack_trip_ps(p), EV_ACK, p)
+        elif pk.ptype == PKT_READ_REQ:
+            self.push(self.now + self.ep_read_lat[self.msg_src[m]], EV_RESP_INJECT, p)
+        else:
+            d = self.msg_dst[m]
+            self.ep_outstanding[d] -= 1
+            self.packet_release(p)
+            self.msg_undelivered[m] -= 1
+            if self.msg_undelivered[m] == 0:
+                self.on_message_delivered(m)
+            self.inject(d)
+
+    def on_response_inject(self, p):
+        pk = self.pkts[p]
+        m = pk.msg
+        path = self.msg_path[m]
+        pk.leg = 1
+        pk.ptype = PKT_READ_RESP
+        pk.vl = 1
+        pk.hop = 0
+        pk.in_link = -1
+        pk.wire = self.wire_bytes(path, PKT_READ_RESP, pk.payload)
+        first = self.route_link(path, self.msg_src[m], self.msg_dst[m], pk.plane, pk.uplink, 0)
+        self.voq_append(first, 0, p)
+        self.try_transmit(first)
+
+    def on_ack(self, p):
+        m = self.pkts[p].msg
+        src = self.msg_src[m]
+        self.ep_outstanding[src] -= 1
+        self.packet_release(p)
+        self.msg_unacked[m] -= 1
+        if self.msg_unacked[m] == 0 and self.msg_send_op[m] >= 0:
+            self.push(self.now, EV_OP_DONE, self.msg_send_op[m])
+        self.inject(src)
+
+    def on_message_delivered(self, m):
+        self.msg_delivered[m] = self.now
+        if self.recv_waiting[m]:
+            self.recv_waiting[m] = False
+            self.push(self.now, EV_OP_DONE, self.msg_recv_op[m])
 
     def on_op_done(self, op):
         self.op_end[op] = self.now
@@ -133,32 +466,31 @@ class Engine:
             nxt = self.succ_idx[s]
             self.pending_deps[nxt] -= 1
             if self.pending_deps[nxt] == 0:
-                self.push(self.now, EV_OP_READY, nxt, 0)
+                self.push(self.now, EV_OP_READY, nxt)
+
+    _HANDLERS = {
+        EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done, EV_MSG_START: on_message_start, EV_INJECT: on_inject,
+        EV_LINK_FREE: on_link_free, EV_PKT_ARRIVE: on_packet_arrive, EV_SINK_DONE: on_sink_done,
+        EV_RESP_INJECT: on_response_inject, EV_ACK: on_ack, EV_MSG_DELIVERED: on_message_delivered,
+    }
 
     def run(self, max_events=-1):
         heap = self.heap
+        handlers = self._HANDLERS
         budget = max_events
         while heap and budget != 0:
-            time, _seq, kind, a, b = heapq.heappop(heap)
+            time, _seq, kind, a = heapq.heappop(heap)
             self.now = time
             self.events += 1
             if budget > 0:
                 budget -= 1
-            if kind == EV_CHUNK_HOP:
-                self.on_chunk_hop(a, b)
-            elif kind == EV_OP_DONE:
-                self.on_op_done(a)
-            elif kind == EV_OP_READY:
-                self.on_op_ready(a)
-            else:
-                self.on_chunk_arrive(a)
+            handlers[kind](self, a)
         return not heap
 
     @property
     def pending(self):
         return len(self.heap)
 
-    # Same result attributes as the native engine, as numpy arrays.
     @property
     def op_start_ps(self):
         return np.asarray(self.op_start, dtype=np.int64)
@@ -172,9 +504,17 @@ class Engine:
         return np.asarray(self.msg_delivered, dtype=np.int64)
 
     @property
+    def msg_packets(self):
+        return np.asarray(self.msg_npkts, dtype=np.int32)
+
+    @property
     def link_bytes(self):
         return np.asarray(self.lbytes, dtype=np.int64)
 
     @property
     def link_busy_ps(self):
         return np.asarray(self.lbusy, dtype=np.int64)
+
+    @property
+    def credit_bytes(self):
+        return np.asarray(self.credits, dtype=np.int64).reshape(-1, NUM_VLS)

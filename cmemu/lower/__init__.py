@@ -42,16 +42,14 @@ class Lowered:
     op_npred: np.ndarray  # int32 [ops]
     succ_ptr: np.ndarray  # int64 [ops + 1]
     succ_idx: np.ndarray  # int32 [edges]
-    msg_send_op: np.ndarray  # int32 [msgs]
-    msg_recv_op: np.ndarray  # int32 [msgs]
-    msg_chunk_ptr: np.ndarray  # int64 [msgs + 1]
-    chunk_msg: np.ndarray  # int32 [packets]
-    chunk_bytes: np.ndarray  # int64 [packets]
-    chunk_route_lo: np.ndarray  # int64 [packets]: slice of route_links
-    chunk_route_hi: np.ndarray  # int64 [packets]
-    route_links: np.ndarray  # int32
-    link_rate_byte_per_s: np.ndarray  # int64 [links]
-    link_latency_ps: np.ndarray  # int64 [links]
+    msg_src: np.ndarray  # int32 [msgs]: endpoint the data leaves
+    msg_dst: np.ndarray  # int32 [msgs]: endpoint the data reaches
+    msg_bytes: np.ndarray  # int64 [msgs]
+    msg_kind: np.ndarray  # uint8 [msgs]: fabric.MSG_WRITE / MSG_READ
+    msg_path: np.ndarray  # uint8 [msgs]: fabric.PATH_UB / PATH_D2D / PATH_RDMA
+    msg_hash: np.ndarray  # int64 [msgs]: picks the message's first path
+    msg_send_op: np.ndarray  # int32 [msgs]: -1 if none
+    msg_recv_op: np.ndarray  # int32 [msgs]: -1 if none
     n_resources: int
     # Metadata for the timeline (not read by the engine).
     op_node_id: np.ndarray  # int64 [ops]
@@ -60,7 +58,6 @@ class Lowered:
     op_stream: np.ndarray  # int32 [ops]
     op_bytes: np.ndarray  # int64 [ops]
     op_name: list
-    msg_bytes: np.ndarray  # int64 [msgs]
 
     @property
     def num_ops(self) -> int:
@@ -70,9 +67,6 @@ class Lowered:
     def num_messages(self) -> int:
         return int(self.msg_send_op.shape[0])
 
-    @property
-    def num_packets(self) -> int:
-        return int(self.chunk_msg.shape[0])
 
 
 def _op_bytes(node) -> int:
@@ -162,16 +156,7 @@ def lower(trace, topo: Topology) -> Lowered:
         op_npred=npred,
         succ_ptr=succ_ptr,
         succ_idx=succ_idx,
-        msg_send_op=np.asarray(messages.send_op, dtype=np.int32),
-        msg_recv_op=np.asarray(messages.recv_op, dtype=np.int32),
-        msg_chunk_ptr=np.asarray(messages.chunk_ptr, dtype=np.int64),
-        chunk_msg=np.asarray(messages.chunk_msg, dtype=np.int32),
-        chunk_bytes=np.asarray(messages.chunk_bytes, dtype=np.int64),
-        chunk_route_lo=np.asarray(messages.chunk_route_lo, dtype=np.int64),
-        chunk_route_hi=np.asarray(messages.chunk_route_hi, dtype=np.int64),
-        route_links=np.asarray(messages.route_links, dtype=np.int32),
-        link_rate_byte_per_s=topo.link_rate_byte_per_s,
-        link_latency_ps=topo.link_latency_ps,
+        **messages.arrays(),
         n_resources=topo.num_dies,
         op_node_id=node_id,
         op_type=op_type,
@@ -179,5 +164,41 @@ def lower(trace, topo: Topology) -> Lowered:
         op_stream=stream,
         op_bytes=nbytes,
         op_name=names,
-        msg_bytes=np.asarray(messages.nbytes, dtype=np.int64),
+    )
+
+
+def lowered_from_parts(kind, dur, succ_src, succ_dst, messages: MessageTable | None, op_msg=None, rank=None) -> Lowered:
+    """Engine input built directly, without a trace: for scenarios, benchmarks and tests.
+
+    ``kind`` and ``dur`` per op (OP_KIND_*, picoseconds), dependency edges ``succ_src`` ->
+    ``succ_dst`` (op indices), and the messages the SEND/RECV ops carry (``op_msg``).
+    """
+    n = len(kind)
+    src = np.asarray(succ_src, dtype=np.int64)
+    dst = np.asarray(succ_dst, dtype=np.int32)
+    order = np.lexsort((dst, src))
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+    m = messages or MessageTable()
+    kind = np.asarray(kind, dtype=np.uint8)
+    type_of_kind = np.zeros(4, dtype=np.uint8)
+    type_of_kind[[OP_KIND_COMP, OP_KIND_SEND, OP_KIND_RECV]] = [
+        OP_TYPE_CODE["COMP"], OP_TYPE_CODE["COMM_SEND"], OP_TYPE_CODE["COMM_RECV"]]
+    return Lowered(
+        op_kind=kind,
+        op_dur_ps=np.asarray(dur, dtype=np.int64),
+        op_lat_ps=np.zeros(n, dtype=np.int64),
+        op_res=np.full(n, -1, dtype=np.int32),
+        op_msg=np.asarray(op_msg if op_msg is not None else np.full(n, -1), dtype=np.int32),
+        op_npred=np.bincount(dst, minlength=n).astype(np.int32),
+        succ_ptr=succ_ptr,
+        succ_idx=dst[order].astype(np.int32),
+        **m.arrays(),
+        n_resources=1,
+        op_node_id=np.arange(n, dtype=np.int64),
+        op_type=type_of_kind[kind],
+        op_rank=np.asarray(rank if rank is not None else np.zeros(n), dtype=np.int32),
+        op_stream=np.zeros(n, dtype=np.int32),
+        op_bytes=np.zeros(n, dtype=np.int64),
+        op_name=[f"op{i}" for i in range(n)],
     )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 
-SCENARIOS: dict[str, tuple[str, str]] = {}
+SCENARIOS: dict[str, tuple[str, str]] = {
+    "ub-p2p": ("cmemu.scenarios.ub_p2p", "UB point-to-point bandwidth/latency by size, and an all-to-all"),
+}
 
 
 def load_command(name: str):

@@ -15,7 +15,8 @@ from cmemu.errors import CmemuError
 
 
 def scenario_command(name: str, default_system: str = "cloudmatrix384"):
-    """Decorate ``fn(spec, as_json, **options) -> (parameters: dict, rows: list[dict])``."""
+    """Decorate ``fn(spec, **options) -> (parameters, rows)``: rows is a list of dicts (one
+    table) or a dict of table title -> list of dicts (several tables)."""
 
     def wrap(fn):
         @click.command(name=name, help=fn.__doc__)
@@ -64,15 +65,40 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def emit(name: str, system: str, parameters: dict, rows: list[dict], as_json: bool) -> None:
+def emit(name: str, system: str, parameters: dict, rows, as_json: bool) -> None:
+    tables = rows if isinstance(rows, dict) else {"": rows}
     if as_json:
-        click.echo(json.dumps({"scenario": name, "system": system, "parameters": parameters, "rows": rows},
-                              indent=2))
+        doc = {"scenario": name, "system": system, "parameters": parameters}
+        if isinstance(rows, dict):
+            doc["tables"] = tables
+        else:
+            doc["rows"] = rows
+        click.echo(json.dumps(doc, indent=2))
         return
     click.echo(f"scenario {name} on {system}")
     for k, v in parameters.items():
         click.echo(f"  {k}: {v}")
-    click.echo(format_table(rows))
+    for title, table in tables.items():
+        if title:
+            click.echo(f"\n{title}")
+        click.echo(format_table(table))
+
+
+_SIZE_SUFFIX = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+                "G": 2**30, "GB": 2**30, "GIB": 2**30}
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Byte sizes from ``64,512,4K,1M`` (K, M, G are powers of 1024 here, as message sizes are)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        num = part.rstrip("kKmMgGiIbB")
+        suffix = part[len(num):].upper()
+        if not num.isdigit() or suffix not in _SIZE_SUFFIX or int(num) * _SIZE_SUFFIX[suffix] <= 0:
+            raise CmemuError(f"'{part}' is not a size in bytes (e.g. 64, 4K, 1M)")
+        out.append(int(num) * _SIZE_SUFFIX[suffix])
+    return out
 
 
 def check_positive(name: str, value) -> None:

@@ -14,6 +14,9 @@ from cmemu.spec.common import _frozen_map, _require_positive
 from cmemu.spec.die import DieSpec
 
 
+LOAD_BALANCING = ("spray", "hash")
+
+
 @dataclass(frozen=True)
 class UBSpec:
     """The Unified Bus fabric: per-die ports, L1/L2 switch chips of the two-tier Clos (2.4)."""
@@ -27,12 +30,35 @@ class UBSpec:
     l2_chips_per_sub_plane: int
     l2_ports_per_chip: int
     transport_mtu_byte: int
+    flit_byte: int
+    header_write_byte: int
+    header_read_request_byte: int
+    header_read_response_byte: int
+    header_ack_byte: int
+    vl_buffer_byte: int
+    max_outstanding_packets: int
+    initiator_startup_ns: float
+    write_issue_ns: float
+    read_issue_ns: float
+    load_balancing: str
     cpu_bandwidth_gbyte_per_s: float
     cpu_ports: int
+    cpu_memory_read_latency_ns: float
+    cpu_memory_write_latency_ns: float
+    cpu_memory_write_gbyte_per_s: float
     sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
 
     def __post_init__(self):
         _require_positive(self, "ub")
+        if self.load_balancing not in LOAD_BALANCING:
+            raise ValueError(f"ub.load_balancing must be one of {', '.join(LOAD_BALANCING)}, got {self.load_balancing!r}")
+        biggest = self.flit_wire_byte(self.transport_mtu_byte + max(self.header_write_byte, self.header_read_response_byte))
+        if self.vl_buffer_byte < biggest:
+            raise ValueError(f"ub.vl_buffer_byte ({self.vl_buffer_byte}) must hold one full packet ({biggest} B)")
+
+    def flit_wire_byte(self, nbytes: int) -> int:
+        """Bytes a packet of nbytes (header included) occupies on a link: whole flits."""
+        return -(-nbytes // self.flit_byte) * self.flit_byte
 
     @property
     def link_rate_byte_per_s(self) -> int:
@@ -67,6 +93,7 @@ class RDMASpec:
     rate_gbit_per_s: float
     link_latency_ns: float
     mtu_byte: int
+    header_byte: int
     switch_latency_ns: float
     sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
 

@@ -1,0 +1,168 @@
+"""The fabric the packet engine runs on: topology + spec compiled into flat integer arrays.
+
+Everything the engine needs to move packets lives here as numpy arrays: per link its rate,
+latency, credits per virtual lane and where its virtual output queues start; per endpoint its
+start-up, target access latencies, sink rate, outstanding limit and issue times; the packet
+format per path kind; and the routing tables (routes are computed hop by hop inside the engine
+from these, so no per-packet route is ever stored).
+
+Two virtual lanes: VL0 carries requests and write data, VL1 read responses, so that responses can
+always drain (no request/response deadlock).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cmemu.topology import V_DIE, V_L1, V_L2, Topology
+from cmemu.units import ns_to_ps
+
+NUM_VLS = 2
+# Path kinds (how a message travels).
+PATH_UB, PATH_D2D, PATH_RDMA = range(3)
+PATH_NAMES = ("ub", "d2d", "rdma")
+# Packet types (which header they carry).
+PKT_WRITE, PKT_READ_REQ, PKT_READ_RESP, PKT_ACK = range(4)
+# Message kinds.
+MSG_WRITE, MSG_READ = range(2)
+MSG_KIND_NAMES = ("write", "read")
+LB_SPRAY, LB_HASH = range(2)
+
+
+@dataclass
+class Fabric:
+    """Flat arrays for the engine. Build with :func:`build_fabric`."""
+
+    # Links.
+    link_rate_byte_per_s: np.ndarray  # int64 [L]
+    link_latency_ps: np.ndarray  # int64 [L]
+    link_credit_byte: np.ndarray  # int64 [L]: usable input buffer per VL at the link's far end
+    link_dst_ep: np.ndarray  # int32 [L]: endpoint at the far end, or -1 (a switch)
+    link_in_slot: np.ndarray  # int32 [L]: input slot at the far-end switch (-1 at an endpoint)
+    link_voq_base: np.ndarray  # int64 [L]: first VOQ of this output link
+    link_voq_slots: np.ndarray  # int32 [L]: input slots feeding this output link
+    num_voqs: int
+    # Endpoints (dies, then CPUs).
+    ep_node: np.ndarray  # int32 [E]
+    ep_startup_ps: np.ndarray  # int64 [E]
+    ep_write_latency_ps: np.ndarray  # int64 [E]: as a target: data written to memory
+    ep_read_latency_ps: np.ndarray  # int64 [E]: as a target: data read from memory
+    ep_sink_byte_per_s: np.ndarray  # int64 [E]: rate writes are absorbed, 0 = not limiting
+    ep_max_outstanding: np.ndarray  # int32 [E]
+    ep_issue_ps: np.ndarray  # int64 [E * 2]: per-packet issue time, by message kind
+    # Packet format, by path kind.
+    path_mtu_byte: np.ndarray  # int64 [3]
+    path_flit_byte: np.ndarray  # int64 [3]
+    path_header_byte: np.ndarray  # int64 [3 * 4]: by packet type
+    # Routing tables (see Topology).
+    planes: int
+    uplinks: int
+    l2_chips: int
+    l2_mult: int
+    ep_up: np.ndarray  # int32 [E * P]
+    ep_down: np.ndarray  # int32 [E * P]
+    l1_uplink: np.ndarray  # int32 [N * P * U]
+    l1_uplink_chip: np.ndarray  # int32 [N * P * U]
+    l2_down: np.ndarray  # int32 [P * C * N * M]
+    l2_down_count: np.ndarray  # int32 [P * C * N]
+    d2d: np.ndarray  # int32 [D]
+    rdma_up: np.ndarray  # int32 [D]
+    rdma_down: np.ndarray  # int32 [D]
+    load_balancing: int
+    num_nodes: int
+
+    def wire_bytes(self, path: int, ptype: int, payload: int) -> int:
+        """Bytes a packet occupies on a link: payload + header, in whole flits."""
+        flit = int(self.path_flit_byte[path])
+        raw = payload + int(self.path_header_byte[path * 4 + ptype])
+        return -(-raw // flit) * flit
+
+
+def build_fabric(topo: Topology) -> Fabric:
+    spec = topo.spec
+    ub, die = spec.ub, spec.die
+    L = topo.num_links
+    E = topo.num_endpoints
+    nv = topo.vertex_kind.size
+    rate = topo.link_rate_byte_per_s
+    lat = topo.link_latency_ps
+
+    # Credits: the receiver's buffer, less what is in flight while a credit travels back
+    # (the engine returns credits the moment a packet leaves the buffer; in steady state the
+    # return trip would hold back rate x latency bytes).
+    in_flight = -(-rate * lat // 10**12)
+    credit = np.int64(ub.vl_buffer_byte) - in_flight
+    if np.any(credit < ub.flit_wire_byte(ub.transport_mtu_byte + ub.header_write_byte)):
+        raise ValueError("ub.vl_buffer_byte is too small to hold one packet beyond the bytes in flight")
+
+    kind = topo.vertex_kind
+    dst_kind = kind[topo.link_dst]
+    link_dst_ep = np.where(topo.link_dst < E, topo.link_dst, -1).astype(np.int32)
+    # Input slots at VOQ switches (L1, L2): links into a switch, numbered in link order.
+    voq_switch = (kind == V_L1) | (kind == V_L2)
+    in_slot = np.full(L, -1, dtype=np.int32)
+    slots_of_vertex = np.zeros(nv, dtype=np.int32)
+    for link in range(L):
+        v = topo.link_dst[link]
+        if voq_switch[v]:
+            in_slot[link] = slots_of_vertex[v]
+            slots_of_vertex[v] += 1
+        elif v >= E:  # the RDMA switch: output-queued, one FIFO per output
+            in_slot[link] = 0
+    src_kind = kind[topo.link_src]
+    voq_slots = np.where(voq_switch[topo.link_src], slots_of_vertex[topo.link_src], 1).astype(np.int32)
+    voq_base = np.zeros(L, dtype=np.int64)
+    np.cumsum(voq_slots[:-1].astype(np.int64) * NUM_VLS, out=voq_base[1:])
+    num_voqs = int(voq_slots.sum()) * NUM_VLS
+    del dst_kind, src_kind
+
+    ep_node = np.array([topo.endpoint_node(e) for e in range(E)], dtype=np.int32)
+    is_die = kind[:E] == V_DIE
+    cycle_ps = 1e6 / die.ai_core_clock_mhz
+    ep_write = np.where(is_die, round(die.hbm_write_latency_cycles * cycle_ps), ns_to_ps(ub.cpu_memory_write_latency_ns))
+    ep_read = np.where(is_die, round(die.hbm_read_latency_cycles * cycle_ps), ns_to_ps(ub.cpu_memory_read_latency_ns))
+    # A die absorbs writes into HBM at 1.6 TB/s, far above its 196 GB/s of UB: not limiting.
+    ep_sink = np.where(is_die, 0, round(ub.cpu_memory_write_gbyte_per_s * 1e9)).astype(np.int64)
+    issue = np.empty(E * 2, dtype=np.int64)
+    issue[0::2] = ns_to_ps(ub.write_issue_ns)
+    issue[1::2] = ns_to_ps(ub.read_issue_ns)
+
+    ub_headers = [ub.header_write_byte, ub.header_read_request_byte, ub.header_read_response_byte, ub.header_ack_byte]
+    headers = np.array(ub_headers + ub_headers + [spec.rdma.header_byte] * 4, dtype=np.int64)
+
+    return Fabric(
+        link_rate_byte_per_s=rate,
+        link_latency_ps=lat,
+        link_credit_byte=credit.astype(np.int64),
+        link_dst_ep=link_dst_ep,
+        link_in_slot=in_slot,
+        link_voq_base=voq_base,
+        link_voq_slots=voq_slots,
+        num_voqs=num_voqs,
+        ep_node=ep_node,
+        ep_startup_ps=np.full(E, ns_to_ps(ub.initiator_startup_ns), dtype=np.int64),
+        ep_write_latency_ps=ep_write.astype(np.int64),
+        ep_read_latency_ps=ep_read.astype(np.int64),
+        ep_sink_byte_per_s=ep_sink,
+        ep_max_outstanding=np.full(E, ub.max_outstanding_packets, dtype=np.int32),
+        ep_issue_ps=issue,
+        path_mtu_byte=np.array([ub.transport_mtu_byte, ub.transport_mtu_byte, spec.rdma.mtu_byte], dtype=np.int64),
+        path_flit_byte=np.array([ub.flit_byte, ub.flit_byte, 1], dtype=np.int64),
+        path_header_byte=headers,
+        planes=ub.sub_planes,
+        uplinks=ub.l1_uplinks_per_chip,
+        l2_chips=ub.l2_chips_per_sub_plane,
+        l2_mult=int(topo.l2_down.shape[3]),
+        ep_up=topo.ep_up.ravel().astype(np.int32),
+        ep_down=topo.ep_down.ravel().astype(np.int32),
+        l1_uplink=topo.l1_uplink.ravel().astype(np.int32),
+        l1_uplink_chip=topo.l1_uplink_chip.ravel().astype(np.int32),
+        l2_down=topo.l2_down.ravel().astype(np.int32),
+        l2_down_count=topo.l2_down_count.ravel().astype(np.int32),
+        d2d=topo.d2d.astype(np.int32),
+        rdma_up=topo.rdma_up.astype(np.int32),
+        rdma_down=topo.rdma_down.astype(np.int32),
+        load_balancing=LB_SPRAY if ub.load_balancing == "spray" else LB_HASH,
+        num_nodes=spec.nodes,
+    )
