@@ -57,8 +57,13 @@ def main():
 @click.option("--engine", type=click.Choice(["native", "reference"]), default="native", show_default=True,
               help="The Cython kernel, or its pure-Python reference (slow; for checking).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line and no summary.")
+@click.option("--compression", type=click.Choice(["gzip", "lzf", "none"]), default="gzip", show_default=True,
+              help="Timeline compression: gzip (with shuffle; smallest), lzf (faster), none.")
+@click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
+              help="What the timeline records: ops; ops and pipe/engine tasks (when the engine models "
+                   "them); packets (not available yet).")
 @reports_errors
-def run(trace, output, system, overrides, engine, quiet):
+def run(trace, output, system, overrides, engine, quiet, compression, detail):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
     from cmemu.run import run_trace
 
@@ -66,7 +71,8 @@ def run(trace, output, system, overrides, engine, quiet):
         stem = trace.name.removesuffix(".jsonl").removesuffix(".json")
         output = Path(stem + ".h5")
     r = run_trace(trace, system=system, overrides=overrides, output=output,
-                  native=(engine == "native"), progress=not quiet)
+                  native=(engine == "native"), progress=not quiet,
+                  compression=compression, detail=detail)
     if quiet:
         return
     L = r.lowered

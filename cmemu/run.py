@@ -39,6 +39,12 @@ class RunResult:
     max_pending_events: int
     wall_time_s: float
     native: bool
+    # Optional records, None until a model produces them (docs/timeline-format.md, v2):
+    # tasks: per pipe/engine task columns (cmemu.output.schema.TASK_FIELDS), written to /tasks;
+    # link_series: binned link counters, sparse COO {"bin_ps", "link", "bin", "bytes", "busy_ps"}
+    # (schema.LINK_SERIES_FIELDS), written to /links/binned.
+    tasks: dict | None = None
+    link_series: dict | None = None
 
     @property
     def sim_end_ps(self) -> int:
@@ -137,11 +143,18 @@ def run_trace(
     output=None,
     native: bool = True,
     progress: bool | Progress = True,
+    compression: str = "gzip",
+    detail: str = "tasks",
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given."""
     from cmemu.trace import load_trace, read_trace
 
     t0 = time.perf_counter()
+    if output is not None:
+        from cmemu.output.schema import check_compression, check_detail
+
+        check_detail(detail)  # before the run: an unwritable detail level should not cost a run
+        check_compression(compression)
     trace_path = Path(trace_path)
     read = read_trace(trace_path)
     header_system = read[0].get("system") if isinstance(read[0], dict) else None
@@ -170,7 +183,7 @@ def run_trace(
     if output is not None:
         from cmemu.output.hdf5 import write_timeline
 
-        write_timeline(output, result)
+        write_timeline(output, result, compression=compression, detail=detail)
     return result
 
 

@@ -1,7 +1,12 @@
-"""The HDF5 timeline, schema v1 (documented in docs/timeline-format.md).
+"""The HDF5 timeline writer, layout version 2 (documented in docs/timeline-format.md).
+
+Every dataset is one-dimensional (``/dies/busy_ps`` is two), chunked, and compressed as asked
+(gzip with the shuffle filter by default, lzf, or none). Data goes to the file one chunk at a
+time, so writing needs memory for one chunk beyond the arrays the run already holds; the op names
+(a Python list in ``Lowered``) are encoded chunk by chunk too.
 
 Written to a temporary file beside the target and renamed at the end, so an interrupted run
-never leaves a half-written file under the target name.
+never leaves a half-written file under the target name. The reader is ``cmemu.output.reader``.
 """
 from __future__ import annotations
 
@@ -14,36 +19,71 @@ import numpy as np
 
 import cmemu
 from cmemu.lower import OP_TYPES
+from cmemu.output.schema import (
+    LINK_SERIES_FIELDS,
+    PIPE_NAMES,
+    TASK_FIELDS,
+    TIMELINE_FORMAT,
+    TIMELINE_VERSION,
+    check_compression,
+    check_detail,
+)
+from cmemu.output.summary import die_summary
 from cmemu.topology import LINK_KIND_NAMES
-
-TIMELINE_FORMAT = "cmemu.timeline"
-TIMELINE_VERSION = 1
 
 OP_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(OP_TYPES)}, basetype="u1")
 LINK_KIND_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(LINK_KIND_NAMES)}, basetype="u1")
-_CHUNK_ROWS = 1 << 16
+PIPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(PIPE_NAMES)}, basetype="u1")
+CHUNK_ROWS = 1 << 16
+
+TASKS_RECORDED = "recorded"
+TASKS_NOT_RECORDED = "not recorded: this engine has no pipe/engine model yet (RunResult.tasks is None)"
+TASKS_OMITTED = "omitted: written with --detail ops"
 
 
-def _dataset(group, name, data, dtype=None, unit=None, doc=None):
-    data = np.asarray(data, dtype=object) if isinstance(data, list) else np.asarray(data)
-    kwargs = {}
-    if len(data) > 0:
-        kwargs = dict(chunks=(min(len(data), _CHUNK_ROWS),), compression="gzip", shuffle=True)
-    ds = group.create_dataset(name, data=data, dtype=dtype, **kwargs)
-    if unit:
-        ds.attrs["unit"] = unit
-    if doc:
-        ds.attrs["doc"] = doc
-    return ds
+class _Writer:
+    """Creates chunked, compressed datasets and fills them one chunk at a time."""
+
+    def __init__(self, compression: str):
+        check_compression(compression)
+        if compression == "gzip":
+            self.filters = dict(compression="gzip", compression_opts=4, shuffle=True)
+        elif compression == "lzf":
+            self.filters = dict(compression="lzf", shuffle=True)
+        else:
+            self.filters = {}
+
+    def dataset(self, group, name, data, dtype=None, unit=None, doc=None):
+        """Write ``data`` (an array, or a list of str) under ``group/name``."""
+        is_list = isinstance(data, list)
+        if not is_list:
+            data = np.asarray(data)
+        n = len(data)
+        if dtype is None:
+            dtype = h5py.string_dtype() if is_list else data.dtype
+        shape = (n,) + (() if is_list else data.shape[1:])
+        chunks = (max(1, min(n, CHUNK_ROWS)),) + shape[1:]
+        ds = group.create_dataset(name, shape=shape, maxshape=(None,) + shape[1:], dtype=dtype,
+                                  chunks=chunks, **self.filters)
+        for lo in range(0, n, CHUNK_ROWS):
+            part = data[lo:lo + CHUNK_ROWS]
+            ds[lo:lo + len(part)] = np.array(part, dtype=object) if is_list else part
+        if unit:
+            ds.attrs["unit"] = unit
+        if doc:
+            ds.attrs["doc"] = doc
+        return ds
 
 
-def write_timeline(path, result) -> Path:
+def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks") -> Path:
     """Write a RunResult to ``path`` (atomically: temporary file, then rename)."""
+    check_detail(detail)
+    w = _Writer(compression)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with h5py.File(tmp, "w") as f:
-            _write(f, result)
+            _write(f, result, w, detail)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -51,44 +91,166 @@ def write_timeline(path, result) -> Path:
     return path
 
 
-def _write(f: h5py.File, r) -> None:
+def _write(f: h5py.File, r, w: _Writer, detail: str) -> None:
     L, topo, trace = r.lowered, r.topology, r.trace
+    spec = r.spec.to_dict()
     f.attrs["format"] = TIMELINE_FORMAT
     f.attrs["version"] = TIMELINE_VERSION
     f.attrs["cmemu_version"] = cmemu.__version__
     f.attrs["preset"] = r.spec.name
-    f.attrs["spec_json"] = json.dumps(r.spec.to_dict(), sort_keys=True)
+    f.attrs["spec_json"] = json.dumps(spec, sort_keys=True)
     f.attrs["trace_path"] = str(trace.path)
     f.attrs["trace_sha256"] = trace.sha256
     f.attrs["sim_end_ps"] = np.int64(r.sim_end_ps)
     f.attrs["wall_time_s"] = float(r.wall_time_s)
     f.attrs["events"] = np.int64(r.events)
+    f.attrs["max_pending_events"] = np.int64(r.max_pending_events)
     f.attrs["engine"] = "native" if r.native else "reference"
+    f.attrs["detail"] = detail
+    seed = getattr(r, "seed", None)
+    if seed is not None:  # only runs that draw random numbers have one
+        f.attrs["seed"] = np.int64(seed)
 
     ops = f.create_group("ops")
     ops.attrs["doc"] = "one row per trace node, in trace file order"
-    _dataset(ops, "node_id", L.op_node_id, doc="the node's id in the trace")
-    _dataset(ops, "rank", L.op_rank, doc="die index in the system")
-    _dataset(ops, "stream", L.op_stream)
-    _dataset(ops, "type", L.op_type.astype(np.uint8), dtype=OP_TYPE_ENUM)
-    _dataset(ops, "name", L.op_name, dtype=h5py.string_dtype())
-    _dataset(ops, "start_ps", r.op_start_ps, unit="ps", doc="when all its dependencies had ended")
-    _dataset(ops, "end_ps", r.op_end_ps, unit="ps")
-    _dataset(ops, "bytes", L.op_bytes, unit="B", doc="comm_size or tensor_size")
+    w.dataset(ops, "node_id", L.op_node_id, doc="the node's id in the trace")
+    w.dataset(ops, "rank", L.op_rank, doc="die index in the system")
+    w.dataset(ops, "stream", L.op_stream)
+    w.dataset(ops, "type", L.op_type.astype(np.uint8), dtype=OP_TYPE_ENUM)
+    w.dataset(ops, "name", L.op_name)
+    w.dataset(ops, "start_ps", r.op_start_ps, unit="ps", doc="when all its dependencies had ended")
+    w.dataset(ops, "end_ps", r.op_end_ps, unit="ps")
+    w.dataset(ops, "bytes", L.op_bytes, unit="B", doc="comm_size or tensor_size")
 
     msgs = f.create_group("messages")
     msgs.attrs["doc"] = "one row per matched COMM_SEND/COMM_RECV pair"
-    _dataset(msgs, "send_op", L.msg_send_op, doc="row in /ops")
-    _dataset(msgs, "recv_op", L.msg_recv_op, doc="row in /ops")
-    _dataset(msgs, "bytes", L.msg_bytes, unit="B")
-    _dataset(msgs, "packets", np.diff(L.msg_chunk_ptr).astype(np.int64))
+    packets = r.msg_packets
+    w.dataset(msgs, "send_op", L.msg_send_op, doc="row in /ops")
+    w.dataset(msgs, "recv_op", L.msg_recv_op, doc="row in /ops")
+    w.dataset(msgs, "bytes", L.msg_bytes, unit="B")
+    w.dataset(msgs, "packets", packets)
 
     links = f.create_group("links")
     links.attrs["doc"] = "one row per directed link; totals over the whole run"
-    _dataset(links, "src_vertex", topo.link_src)
-    _dataset(links, "dst_vertex", topo.link_dst)
-    _dataset(links, "kind", topo.link_kind, dtype=LINK_KIND_ENUM)
-    _dataset(links, "rate_byte_per_s", topo.link_rate_byte_per_s, unit="B/s")
-    _dataset(links, "latency_ps", topo.link_latency_ps, unit="ps")
-    _dataset(links, "bytes", r.link_bytes, unit="B")
-    _dataset(links, "busy_ps", r.link_busy_ps, unit="ps")
+    w.dataset(links, "src_vertex", topo.link_src)
+    w.dataset(links, "dst_vertex", topo.link_dst)
+    w.dataset(links, "kind", topo.link_kind, dtype=LINK_KIND_ENUM)
+    w.dataset(links, "rate_byte_per_s", topo.link_rate_byte_per_s, unit="B/s")
+    w.dataset(links, "latency_ps", topo.link_latency_ps, unit="ps")
+    w.dataset(links, "bytes", r.link_bytes, unit="B")
+    w.dataset(links, "busy_ps", r.link_busy_ps, unit="ps")
+    series = getattr(r, "link_series", None)
+    if series is not None:
+        _write_link_series(links, series, r, w)
+
+    _write_dies(f, r, spec, w)
+    _write_tasks(f, r, w, detail)
+
+
+def _write_dies(f, r, spec, w: _Writer) -> None:
+    L = r.lowered
+    ops = {"rank": L.op_rank, "type": L.op_type, "start_ps": r.op_start_ps, "end_ps": r.op_end_ps,
+           "bytes": L.op_bytes}
+    msgs = {"send_op": L.msg_send_op, "recv_op": L.msg_recv_op, "bytes": L.msg_bytes}
+    s = die_summary(ops, msgs, spec)
+    g = f.create_group("dies")
+    g.attrs["doc"] = "one row per die (row = die index); figures over the whole run, derived from /ops and /messages"
+    w.dataset(g, "node", s["node"])
+    w.dataset(g, "npu", s["npu"], doc="NPU index in the system; an NPU holds dies 2 npu and 2 npu + 1")
+    w.dataset(g, "die_in_npu", s["die_in_npu"])
+    ds = w.dataset(g, "busy_ps", s["busy_ps"], unit="ps",
+                   doc="[die, op type]: time during which at least one op of that type ran on the die")
+    ds.attrs["columns"] = ",".join(OP_TYPES)
+    w.dataset(g, "any_busy_ps", s["any_busy_ps"], unit="ps", doc="time during which any op ran on the die")
+    w.dataset(g, "exposed_comm_ps", s["exposed_comm_ps"], unit="ps",
+              doc="time during which a COMM_RECV waited and no COMP, MEM_LOAD or MEM_STORE ran on the die")
+    w.dataset(g, "bytes_sent", s["bytes_sent"], unit="B", doc="payload of messages the die sent")
+    w.dataset(g, "bytes_received", s["bytes_received"], unit="B", doc="payload of messages the die received")
+    w.dataset(g, "hbm_read_bytes", s["hbm_read_bytes"], unit="B", doc="bytes of MEM_LOAD ops (COMP operands not included)")
+    w.dataset(g, "hbm_write_bytes", s["hbm_write_bytes"], unit="B", doc="bytes of MEM_STORE ops (COMP results not included)")
+
+
+def _columns(what: str, table, fields) -> dict:
+    """Check a dict of equal-length arrays against the fields it must have; cast the dtypes."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{what} must be a dict of numpy arrays, got {type(table).__name__}")
+    missing = [name for name, _ in fields if name not in table]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(missing)} (needs {', '.join(n for n, _ in fields)})")
+    cols = {name: np.asarray(table[name]) for name, _ in fields}
+    lengths = {name: c.shape for name, c in cols.items()}
+    if len(set(lengths.values())) != 1 or any(len(s) != 1 for s in lengths.values()):
+        raise ValueError(f"{what}: columns must be one-dimensional and of one length, got {lengths}")
+    for name, dtype in fields:
+        c = cols[name]
+        if c.size and not np.issubdtype(c.dtype, np.integer):
+            raise ValueError(f"{what}['{name}'] must hold integers, got {c.dtype}")
+        cols[name] = c.astype(dtype, copy=False)
+    return cols
+
+
+def _write_link_series(links, series, r, w: _Writer) -> None:
+    cols = _columns("RunResult.link_series", series, LINK_SERIES_FIELDS)
+    bin_ps = int(series.get("bin_ps", 0))
+    if bin_ps <= 0:
+        raise ValueError(f"RunResult.link_series['bin_ps'] must be a positive bin width in ps, got {bin_ps}")
+    link, b = cols["link"], cols["bin"]
+    nlinks = r.topology.num_links
+    if link.size and (link.min() < 0 or link.max() >= nlinks or b.min() < 0):
+        raise ValueError(f"RunResult.link_series: link outside 0..{nlinks - 1} or negative bin")
+    if np.any(cols["busy_ps"] > bin_ps) or np.any(cols["busy_ps"] < 0) or np.any(cols["bytes"] < 0):
+        raise ValueError(f"RunResult.link_series: busy_ps outside 0..bin_ps ({bin_ps}) or negative bytes")
+    order = np.lexsort((link, b))
+    pairs = b[order].astype(np.int64) * nlinks + link[order]
+    if pairs.size > 1 and np.any(pairs[1:] == pairs[:-1]):
+        raise ValueError("RunResult.link_series: a (link, bin) pair appears twice")
+    # The bins must add up to the run's totals, or one of the two is wrong.
+    for name, totals in (("bytes", r.link_bytes), ("busy_ps", r.link_busy_ps)):
+        summed = np.zeros(nlinks, dtype=np.int64)
+        np.add.at(summed, link, cols[name])
+        bad = np.flatnonzero(summed != np.asarray(totals, dtype=np.int64))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"RunResult.link_series: {name} of link {i} sum to {summed[i]} over the bins, "
+                             f"but the run's total is {int(totals[i])}")
+    g = links.create_group("binned")
+    g.attrs["doc"] = "per (link, time bin) counters, only nonzero pairs, sorted by bin then link"
+    g.attrs["bin_ps"] = np.int64(bin_ps)
+    g.attrs["bins"] = np.int64(-(-max(r.sim_end_ps, 1) // bin_ps))
+    w.dataset(g, "link", link[order], doc="row in /links")
+    w.dataset(g, "bin", b[order], doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)")
+    w.dataset(g, "bytes", cols["bytes"][order], unit="B", doc="bytes of the packets that started serialising in the bin")
+    w.dataset(g, "busy_ps", cols["busy_ps"][order], unit="ps", doc="time the link spent serialising in the bin")
+
+
+def _write_tasks(f, r, w: _Writer, detail: str) -> None:
+    tasks = getattr(r, "tasks", None)
+    g = f.create_group("tasks")
+    g.attrs["doc"] = "one row per pipe or engine task (a tile on CUBE, a DMA on MTE2, a transfer on SDMA, ...)"
+    if detail == "ops":
+        status, tasks = TASKS_OMITTED, None
+    elif tasks is None:
+        status = TASKS_NOT_RECORDED
+    else:
+        status = TASKS_RECORDED
+    g.attrs["status"] = status
+    if tasks is None:
+        cols = {name: np.zeros(0, dtype=dtype) for name, dtype in TASK_FIELDS}
+    else:
+        cols = _columns("RunResult.tasks", tasks, TASK_FIELDS)
+        n_ops, dies = r.lowered.num_ops, r.spec.dies
+        if cols["die"].size:
+            if cols["pipe"].max() >= len(PIPE_NAMES):
+                raise ValueError(f"RunResult.tasks: pipe code above {len(PIPE_NAMES) - 1} ({', '.join(PIPE_NAMES)})")
+            if cols["die"].min() < 0 or cols["die"].max() >= dies:
+                raise ValueError(f"RunResult.tasks: die outside 0..{dies - 1}")
+            if cols["op"].min() < -1 or cols["op"].max() >= n_ops:
+                raise ValueError(f"RunResult.tasks: op outside -1..{n_ops - 1}")
+            if np.any(cols["end_ps"] < cols["start_ps"]):
+                raise ValueError("RunResult.tasks: a task ends before it starts")
+    w.dataset(g, "die", cols["die"])
+    w.dataset(g, "pipe", cols["pipe"], dtype=PIPE_ENUM)
+    w.dataset(g, "op", cols["op"], doc="row in /ops of the op the task belongs to, -1 for none")
+    w.dataset(g, "start_ps", cols["start_ps"], unit="ps")
+    w.dataset(g, "end_ps", cols["end_ps"], unit="ps")
+    w.dataset(g, "bytes", cols["bytes"], unit="B", doc="bytes the task moved (0 for pure compute)")

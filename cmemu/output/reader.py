@@ -1,0 +1,336 @@
+"""Reading a timeline: ``cmemu.open_timeline(path)``, for layout versions 1 and 2.
+
+Tables come back as pandas DataFrames when pandas is installed, otherwise as numpy structured
+arrays with the same columns. Enum columns (op type, link kind, pipe) come back as their names.
+A file of a version this reader does not know is refused with a message naming the versions it
+reads; figures a v1 file lacks are derived from what it has (``dies()``), or are empty (``tasks()``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from cmemu.errors import CmemuError
+from cmemu.lower import OP_TYPES
+from cmemu.output.schema import PIPE_NAMES, READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
+from cmemu.output.summary import die_summary
+from cmemu.topology import LINK_KIND_NAMES
+
+UB_LINK_KINDS = tuple(k for k in LINK_KIND_NAMES if k.startswith("ub_"))
+
+
+class TimelineError(CmemuError):
+    """A file that is not a cmemu timeline, or one of a version this reader does not know."""
+
+
+def open_timeline(path) -> "Timeline":
+    """Open an HDF5 timeline written by ``cmemu run`` (any version in READABLE_VERSIONS)."""
+    return Timeline(path)
+
+
+def _table(columns: dict, as_numpy: bool = False):
+    """A DataFrame (pandas) or a numpy structured array from equal-length columns."""
+    if not as_numpy:
+        try:
+            import pandas as pd
+        except ImportError:
+            pass
+        else:
+            return pd.DataFrame(columns)
+    n = len(next(iter(columns.values()))) if columns else 0
+    dtype = []
+    for name, col in columns.items():
+        col = np.asarray(col)
+        dtype.append((name, col.dtype if col.dtype != object else object))
+    out = np.empty(n, dtype=dtype)
+    for name, col in columns.items():
+        out[name] = col
+    return out
+
+
+def _names(codes, names) -> np.ndarray:
+    """Enum codes to their names (a numpy array of str)."""
+    return np.asarray(names, dtype=object)[np.asarray(codes, dtype=np.int64)] if len(codes) else np.zeros(0, dtype=object)
+
+
+class Timeline:
+    """One timeline file. Use as a context manager, or call ``close()``.
+
+    ``attrs`` holds the root attributes (plain Python values), ``spec`` the resolved hardware
+    spec (a dict, every value with its source), ``version`` the layout version.
+    """
+
+    def __init__(self, path, as_numpy: bool = False):
+        self.path = Path(path)
+        self.as_numpy = as_numpy
+        try:
+            self._f = h5py.File(self.path, "r")
+        except FileNotFoundError:
+            raise TimelineError(f"{self.path}: no such file") from None
+        except OSError as exc:
+            raise TimelineError(f"{self.path}: not an HDF5 file ({exc})") from None
+        fmt = self._f.attrs.get("format")
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode()
+        if fmt != TIMELINE_FORMAT:
+            self._f.close()
+            raise TimelineError(f"{self.path}: not a cmemu timeline (root attribute format={fmt!r}, "
+                                f"expected {TIMELINE_FORMAT!r})")
+        version = int(self._f.attrs.get("version", -1))
+        if version not in READABLE_VERSIONS:
+            self._f.close()
+            raise TimelineError(
+                f"{self.path}: timeline layout version {version} is not one this cmemu reads "
+                f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); "
+                "a newer cmemu wrote it: upgrade cmemu to read it"
+            )
+        self.version = version
+        self.attrs = {k: _plain(v) for k, v in self._f.attrs.items()}
+        self.spec = json.loads(self.attrs["spec_json"])
+        self.sim_end_ps = int(self.attrs["sim_end_ps"])
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<Timeline {self.path} v{self.version} {self.attrs.get('preset')} {self.sim_end_ps / 1e6:,.3f} us>"
+
+    # -- raw columns -----------------------------------------------------------------------
+    def columns(self, group: str) -> dict:
+        """Every dataset of a group as numpy arrays (enum codes as integers, names as str)."""
+        g = self._f[group]
+        out = {}
+        for name, ds in g.items():
+            if not isinstance(ds, h5py.Dataset):
+                continue
+            if h5py.check_string_dtype(ds.dtype) is not None:
+                out[name] = ds.asstr()[()].astype(object) if ds.shape[0] else np.zeros(0, dtype=object)
+            else:
+                out[name] = ds[()]
+        return out
+
+    @property
+    def dies_count(self) -> int:
+        s = self.spec
+        return int(s["nodes"]) * int(s["npus_per_node"]) * int(s["dies_per_npu"])
+
+    def has_tasks(self) -> bool:
+        return self.version >= 2 and self._f["tasks/die"].shape[0] > 0
+
+    def tasks_status(self) -> str:
+        if self.version < 2:
+            return "absent: layout version 1 has no /tasks"
+        return _plain(self._f["tasks"].attrs["status"])
+
+    def has_link_bins(self) -> bool:
+        return "links/binned" in self._f
+
+    # -- tables ----------------------------------------------------------------------------
+    def ops(self):
+        """One row per op: node_id, rank, stream, type (name), name, start_ps, end_ps, dur_ps, bytes."""
+        c = self.columns("ops")
+        return _table({
+            "node_id": c["node_id"], "rank": c["rank"], "stream": c["stream"],
+            "type": _names(c["type"], OP_TYPES), "name": c["name"],
+            "start_ps": c["start_ps"], "end_ps": c["end_ps"], "dur_ps": c["end_ps"] - c["start_ps"],
+            "bytes": c["bytes"],
+        }, self.as_numpy)
+
+    def messages(self):
+        """One row per message: send_op, recv_op (rows of ops()), src_rank, dst_rank, bytes, packets,
+        send_start_ps, recv_end_ps (when the whole message had arrived, or the receive began)."""
+        c = self.columns("messages")
+        o = self._f["ops"]
+        rank, start, end = o["rank"][()], o["start_ps"][()], o["end_ps"][()]
+        s, r = c["send_op"], c["recv_op"]
+        return _table({
+            "send_op": s, "recv_op": r, "src_rank": rank[s], "dst_rank": rank[r],
+            "bytes": c["bytes"], "packets": c["packets"],
+            "send_start_ps": start[s], "recv_end_ps": end[r],
+        }, self.as_numpy)
+
+    def links(self):
+        """One row per directed link: link, kind (name), src/dst vertex and their names, rate, latency,
+        bytes and busy_ps over the run, utilisation (busy_ps / sim_end_ps, a fraction)."""
+        c = self.columns("links")
+        names = self.vertex_names()
+        busy = c["busy_ps"]
+        util = busy / self.sim_end_ps if self.sim_end_ps > 0 else np.zeros(busy.shape)
+        return _table({
+            "link": np.arange(busy.size, dtype=np.int32), "kind": _names(c["kind"], LINK_KIND_NAMES),
+            "src_vertex": c["src_vertex"], "dst_vertex": c["dst_vertex"],
+            "src": names[c["src_vertex"]], "dst": names[c["dst_vertex"]],
+            "rate_byte_per_s": c["rate_byte_per_s"], "latency_ps": c["latency_ps"],
+            "bytes": c["bytes"], "busy_ps": busy, "utilisation": util,
+        }, self.as_numpy)
+
+    def link_bins(self):
+        """Binned link counters (v2, when the run recorded them), or None: link, bin, start_ps,
+        bytes, busy_ps per nonzero (link, bin) pair. The bin width is ``link_bin_ps``."""
+        if not self.has_link_bins():
+            return None
+        c = self.columns("links/binned")
+        return _table({"link": c["link"], "bin": c["bin"], "start_ps": c["bin"].astype(np.int64) * self.link_bin_ps,
+                       "bytes": c["bytes"], "busy_ps": c["busy_ps"]}, self.as_numpy)
+
+    @property
+    def link_bin_ps(self) -> int | None:
+        return int(self._f["links/binned"].attrs["bin_ps"]) if self.has_link_bins() else None
+
+    def tasks(self):
+        """One row per pipe/engine task: die, pipe (name), op, start_ps, end_ps, dur_ps, bytes.
+        Empty for v1 files and for runs whose engine recorded none (see ``tasks_status()``)."""
+        if self.version < 2:
+            c = {name: np.zeros(0, dtype=dtype) for name, dtype in TASK_FIELDS}
+        else:
+            c = self.columns("tasks")
+        return _table({
+            "die": c["die"], "pipe": _names(c["pipe"], PIPE_NAMES), "op": c["op"],
+            "start_ps": c["start_ps"], "end_ps": c["end_ps"], "dur_ps": c["end_ps"] - c["start_ps"],
+            "bytes": c["bytes"],
+        }, self.as_numpy)
+
+    def dies_columns(self) -> dict:
+        """The /dies columns as numpy arrays; derived from /ops and /messages for v1 files."""
+        if self.version >= 2:
+            return self.columns("dies")
+        return die_summary(self.columns("ops"), self.columns("messages"), self.spec)
+
+    def dies(self):
+        """One row per die: node, npu, die_in_npu, busy time per op type (busy_<TYPE>_ps), any_busy_ps,
+        exposed_comm_ps, bytes_sent, bytes_received, hbm_read_bytes, hbm_write_bytes."""
+        c = self.dies_columns()
+        cols = {"die": np.arange(c["node"].size, dtype=np.int32), "node": c["node"], "npu": c["npu"],
+                "die_in_npu": c["die_in_npu"]}
+        for i, t in enumerate(OP_TYPES):
+            cols[f"busy_{t}_ps"] = c["busy_ps"][:, i]
+        for k in ("any_busy_ps", "exposed_comm_ps", "bytes_sent", "bytes_received", "hbm_read_bytes",
+                  "hbm_write_bytes"):
+            cols[k] = c[k]
+        return _table(cols, self.as_numpy)
+
+    # -- names -----------------------------------------------------------------------------
+    def die_name(self, die: int) -> str:
+        s = self.spec
+        per_npu, per_node = int(s["dies_per_npu"]), int(s["npus_per_node"]) * int(s["dies_per_npu"])
+        return f"node {die // per_node} / NPU {(die % per_node) // per_npu} / die {die % per_npu}"
+
+    def vertex_names(self) -> np.ndarray:
+        """A name for every vertex of the topology (numbering of docs/timeline-format.md)."""
+        s = self.spec
+        ub = s["ub"]
+        nodes, planes, chips = int(s["nodes"]), int(ub["sub_planes"]), int(ub["l2_chips_per_sub_plane"])
+        cpus_per_node = int(s["cpus_per_node"])
+        names = [self.die_name(d) for d in range(self.dies_count)]
+        names += [f"node {c // cpus_per_node} / CPU {c % cpus_per_node}" for c in range(nodes * cpus_per_node)]
+        names += [f"node {n} / L1 plane {p}" for n in range(nodes) for p in range(planes)]
+        names += [f"L2 plane {p} / chip {c}" for p in range(planes) for c in range(chips)]
+        names.append("RDMA switch")
+        return np.asarray(names, dtype=object)
+
+    # -- figures ---------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """The run in figures, units in the keys (JSON-able). See ``cmemu report``."""
+        return summarize(self)
+
+
+def _plain(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def summarize(t: Timeline) -> dict:
+    """Makespan, time per op type, exposed communication, link and HBM utilisation."""
+    end = t.sim_end_ps
+    ops = t.columns("ops")
+    d = t.dies_columns()
+    dur = ops["end_ps"] - ops["start_ps"]
+    dies = d["node"].size
+    active = d["any_busy_ps"] > 0
+    op_types = {}
+    for i, name in enumerate(OP_TYPES):
+        sel = ops["type"] == i
+        if not sel.any():
+            continue
+        busy = d["busy_ps"][:, i]
+        op_types[name] = {
+            "count": int(sel.sum()),
+            "total_time_us": float(dur[sel].sum()) / 1e6,
+            "busy_time_per_active_die_mean_us": float(busy[active].mean()) / 1e6 if active.any() else 0.0,
+            "busy_time_per_die_max_us": float(busy.max()) / 1e6,
+        }
+    exposed = d["exposed_comm_ps"]
+    links = t.columns("links")
+    kinds = {}
+    util = links["busy_ps"] / end if end > 0 else np.zeros(links["busy_ps"].shape)
+    for k, name in enumerate(LINK_KIND_NAMES):
+        sel = links["kind"] == k
+        if not sel.any():
+            continue
+        used = sel & (links["bytes"] > 0)
+        kinds[name] = {
+            "links": int(sel.sum()),
+            "links_used": int(used.sum()),
+            "bytes": int(links["bytes"][sel].sum()),
+            "utilisation_mean_percent": 100.0 * float(util[sel].mean()),
+            "utilisation_mean_of_used_percent": 100.0 * float(util[used].mean()) if used.any() else 0.0,
+            "utilisation_max_percent": 100.0 * float(util[sel].max()),
+        }
+    ub = np.isin(links["kind"], [LINK_KIND_NAMES.index(k) for k in UB_LINK_KINDS])
+    ub_capacity = float((links["rate_byte_per_s"][ub]).sum()) * end / 1e12
+    hbm_bytes = d["hbm_read_bytes"] + d["hbm_write_bytes"]
+    hbm_rate = float(t.spec["die"]["hbm_bandwidth_gbyte_per_s"]) * 1e9
+    hbm_util = hbm_bytes / (hbm_rate * end / 1e12) if end > 0 else np.zeros(hbm_bytes.shape)
+    return {
+        "preset": t.attrs.get("preset"),
+        "dies": dies,
+        "makespan_us": end / 1e6,
+        "ops": int(dur.size),
+        "messages": int(t._f["messages/send_op"].shape[0]),
+        "message_bytes": int(t._f["messages/bytes"][()].sum()),
+        "op_types": op_types,
+        "exposed_comm": {
+            "total_us": float(exposed.sum()) / 1e6,
+            "per_active_die_mean_us": float(exposed[active].mean()) / 1e6 if active.any() else 0.0,
+            "per_die_max_us": float(exposed.max()) / 1e6 if dies else 0.0,
+            "die_max": int(exposed.argmax()) if dies else -1,
+            "share_of_makespan_max_percent": 100.0 * float(exposed.max()) / end if end > 0 and dies else 0.0,
+        },
+        "ub_utilisation_percent": 100.0 * float(links["bytes"][ub].sum()) / ub_capacity if ub_capacity else 0.0,
+        "link_kinds": kinds,
+        "hbm": {
+            "source": "MEM_LOAD/MEM_STORE bytes; COMP operand traffic is not recorded",
+            "bytes": int(hbm_bytes.sum()),
+            "utilisation_per_die_mean_percent": 100.0 * float(hbm_util[active].mean()) if active.any() else 0.0,
+            "utilisation_per_die_max_percent": 100.0 * float(hbm_util.max()) if dies else 0.0,
+        },
+        "tasks": t.tasks_status(),
+        "link_bins": "recorded" if t.has_link_bins() else "not recorded",
+    }
+
+
+def busiest_links(t: Timeline, n: int = 10) -> list[dict]:
+    """The n links with the most busy time: link, kind, src, dst, bytes, utilisation_percent."""
+    c = t.columns("links")
+    names = t.vertex_names()
+    order = np.lexsort((np.arange(c["busy_ps"].size), -c["busy_ps"]))[:n]
+    end = t.sim_end_ps
+    return [{
+        "link": int(i), "kind": LINK_KIND_NAMES[c["kind"][i]],
+        "src": names[c["src_vertex"][i]], "dst": names[c["dst_vertex"][i]],
+        "bytes": int(c["bytes"][i]),
+        "utilisation_percent": 100.0 * float(c["busy_ps"][i]) / end if end > 0 else 0.0,
+    } for i in order if c["busy_ps"][i] > 0]

@@ -1,0 +1,55 @@
+"""Names shared by the timeline writer, its reader and the exporters (no h5py, no work at import).
+
+The layout itself is documented in docs/timeline-format.md; this module holds the constants both
+sides must agree on: the format name, the versions, the enums stored in the file, and the detail
+levels of ``cmemu run --detail``.
+"""
+from __future__ import annotations
+
+from cmemu.errors import CmemuError
+
+TIMELINE_FORMAT = "cmemu.timeline"
+TIMELINE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+# Pipes and engines of a die, as Ascend's own tools name them (CUBE, VECTOR, MTE1/2/3, FIXP),
+# plus the two communication engines. /tasks/pipe stores the index into this tuple.
+PIPE_NAMES = ("CUBE", "VECTOR", "MTE1", "MTE2", "MTE3", "FIXP", "SDMA", "AIV_DIRECT")
+PIPE_CODE = {name: i for i, name in enumerate(PIPE_NAMES)}
+
+# The columns of RunResult.tasks (a dict of equal-length numpy arrays), with their dtypes.
+TASK_FIELDS = (
+    ("die", "int32"),
+    ("pipe", "uint8"),
+    ("op", "int32"),
+    ("start_ps", "int64"),
+    ("end_ps", "int64"),
+    ("bytes", "int64"),
+)
+# The columns of RunResult.link_series (sparse COO: only nonzero (link, bin) pairs), plus "bin_ps".
+LINK_SERIES_FIELDS = (
+    ("link", "int32"),
+    ("bin", "int32"),
+    ("bytes", "int64"),
+    ("busy_ps", "int64"),
+)
+
+DETAILS = ("ops", "tasks", "packets")
+COMPRESSIONS = ("gzip", "lzf", "none")
+
+
+def check_detail(detail: str) -> None:
+    """Refuse a detail level this version cannot write, before any time is spent running."""
+    if detail not in DETAILS:
+        raise CmemuError(f"--detail must be one of {', '.join(DETAILS)}, got {detail!r}")
+    if detail == "packets":
+        raise CmemuError(
+            "--detail packets is not available yet: the engine keeps per-link totals and no "
+            "per-packet times (packet records come with the UB packet model, issue 3); "
+            "use --detail tasks or --detail ops"
+        )
+
+
+def check_compression(compression: str) -> None:
+    if compression not in COMPRESSIONS:
+        raise CmemuError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")

@@ -1,0 +1,99 @@
+"""Per-die figures derived from the op intervals: busy time per op type, exposed communication.
+
+Both the writer (``/dies`` of a v2 timeline) and the reader (for v1 files, which have no
+``/dies``) call these, so a figure is computed one way only. Everything is vectorised numpy on
+integer picoseconds: a sweep over sorted interval ends, never a Python loop over ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cmemu.lower import OP_TYPES
+
+_RECV = OP_TYPES.index("COMM_RECV")
+# Ops that keep a die doing useful work while it waits for a message. A COMM_SEND running at the
+# same time is communication too, so it does not hide the wait.
+_WORK = tuple(OP_TYPES.index(t) for t in ("COMP", "MEM_LOAD", "MEM_STORE"))
+
+
+def _sweep(key, start, end, nkeys, cls=None):
+    """Sort the interval ends of each key; return (key, time, active count per class) per event.
+
+    ``cls`` (0 or 1 per interval) splits intervals into two classes counted separately.
+    Each key's +1/-1 sum to zero, so one running sum over all keys restarts at every key.
+    """
+    key = np.asarray(key, dtype=np.int64)
+    n = key.size
+    k = np.concatenate([key, key])
+    t = np.concatenate([np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)])
+    d = np.concatenate([np.ones(n, dtype=np.int64), -np.ones(n, dtype=np.int64)])
+    order = np.lexsort((t, k))
+    k, t, d = k[order], t[order], d[order]
+    if cls is None:
+        return k, t, (np.cumsum(d),)
+    c = np.concatenate([cls, cls])[order].astype(bool)
+    return k, t, (np.cumsum(np.where(c, 0, d)), np.cumsum(np.where(c, d, 0)))
+
+
+def _per_key(k, t, active, nkeys):
+    """Sum of the time between consecutive events of one key during which ``active`` holds."""
+    dt = np.zeros(k.size, dtype=np.int64)
+    if k.size > 1:
+        same = k[1:] == k[:-1]
+        dt[:-1] = np.where(same & active[:-1], t[1:] - t[:-1], 0)
+    bounds = np.searchsorted(k, np.arange(nkeys + 1))
+    cs = np.concatenate([[0], np.cumsum(dt)])
+    return (cs[bounds[1:]] - cs[bounds[:-1]]).astype(np.int64)
+
+
+def busy_union_ps(key, start, end, nkeys: int) -> np.ndarray:
+    """For each key, the time during which at least one of its intervals runs (overlaps count once)."""
+    k, t, (count,) = _sweep(key, start, end, nkeys)
+    return _per_key(k, t, count > 0, nkeys)
+
+
+def exposed_comm_ps(rank, op_type, start, end, ranks: int) -> np.ndarray:
+    """Per rank: time during which a COMM_RECV is waiting and no COMP or MEM op of that rank runs."""
+    op_type = np.asarray(op_type)
+    sel = (op_type == _RECV) | np.isin(op_type, _WORK)
+    cls = np.isin(op_type[sel], _WORK)
+    k, t, (recv, work) = _sweep(np.asarray(rank)[sel], np.asarray(start)[sel], np.asarray(end)[sel], ranks, cls)
+    return _per_key(k, t, (recv > 0) & (work == 0), ranks)
+
+
+def die_summary(ops: dict, messages: dict, spec: dict) -> dict:
+    """The ``/dies`` columns, from ``/ops`` and ``/messages`` columns and the resolved spec (a dict).
+
+    ``ops`` needs rank, type, start_ps, end_ps, bytes; ``messages`` needs send_op, recv_op, bytes.
+    """
+    dies_per_npu = int(spec["dies_per_npu"])
+    dies_per_node = int(spec["npus_per_node"]) * dies_per_npu
+    dies = int(spec["nodes"]) * dies_per_node
+    ntypes = len(OP_TYPES)
+    rank = np.asarray(ops["rank"], dtype=np.int64)
+    typ = np.asarray(ops["type"], dtype=np.int64)
+    start = np.asarray(ops["start_ps"], dtype=np.int64)
+    end = np.asarray(ops["end_ps"], dtype=np.int64)
+    nbytes = np.asarray(ops["bytes"], dtype=np.int64)
+    die = np.arange(dies, dtype=np.int64)
+
+    def total(index, values):
+        out = np.zeros(dies, dtype=np.int64)
+        np.add.at(out, index, values)
+        return out
+
+    send, recv = np.asarray(messages["send_op"]), np.asarray(messages["recv_op"])
+    mbytes = np.asarray(messages["bytes"], dtype=np.int64)
+    load, store = typ == OP_TYPES.index("MEM_LOAD"), typ == OP_TYPES.index("MEM_STORE")
+    return {
+        "node": (die // dies_per_node).astype(np.int32),
+        "npu": (die // dies_per_npu).astype(np.int32),
+        "die_in_npu": (die % dies_per_npu).astype(np.int32),
+        "busy_ps": busy_union_ps(rank * ntypes + typ, start, end, dies * ntypes).reshape(dies, ntypes),
+        "any_busy_ps": busy_union_ps(rank, start, end, dies),
+        "exposed_comm_ps": exposed_comm_ps(rank, typ, start, end, dies),
+        "bytes_sent": total(rank[send], mbytes),
+        "bytes_received": total(rank[recv], mbytes),
+        "hbm_read_bytes": total(rank[load], nbytes[load]),
+        "hbm_write_bytes": total(rank[store], nbytes[store]),
+    }
