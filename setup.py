@@ -31,8 +31,9 @@ setup(
         language_level=3,
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
     ),
-    install_requires=["numpy>=1.26", "numba>=0.60", "h5py>=3.10", "click>=8.1"],
+    install_requires=["numpy>=1.26", "numba>=0.60", "h5py>=3.10", "click>=8.1", "matplotlib>=3.7"],
     extras_require={
+        "pandas": ["pandas>=2.0"],  # cmemu.open_timeline returns DataFrames when it is installed
         "test": ["pytest>=8", "pytest-benchmark>=4", "jsonschema>=4.20", "hypothesis>=6.100"],
     },
     entry_points={"console_scripts": ["cmemu=cmemu.cli:main"]},

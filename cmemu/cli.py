@@ -172,5 +172,53 @@ def presets():
         click.echo(f"{name:<20} {load_system(name).description}")
 
 
+@main.group()
+def export():
+    """Convert a timeline for other tools."""
+
+
+@export.command("perfetto")
+@click.argument("timeline", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Trace to write [default: TIMELINE's name with .json.gz].")
+@click.option("--window", default=None, metavar="START_US:END_US",
+              help="Keep only events that overlap this time window (microseconds).")
+@click.option("--max-events", type=click.IntRange(min=1), default=2_000_000, show_default=True,
+              help="Refuse to write more events than this (viewers slow down beyond a few million).")
+@reports_errors
+def export_perfetto_cmd(timeline, output, window, max_events):
+    """Write TIMELINE as Chrome trace-event JSON (gzipped) for ui.perfetto.dev: one process per
+    die, one thread per stream and pipe, flow arrows send -> receive, link bandwidth counters."""
+    from cmemu.output.perfetto import export_perfetto
+
+    if output is None:
+        output = Path(timeline.name.removesuffix(".h5") + ".json.gz")
+    info = export_perfetto(timeline, output, max_events=max_events, window=window)
+    click.echo(f"wrote {output}: {info.events:,} events ({info.op_events:,} ops, {info.task_events:,} tasks, "
+               f"{info.flows:,} flows, {info.counter_events:,} counter samples), "
+               f"{output.stat().st_size / 1e6:,.2f} MB")
+    if info.window_ps is not None:
+        click.echo(f"  window {info.window_ps[0] / 1e6:,.3f} to {info.window_ps[1] / 1e6:,.3f} us: "
+                   f"kept {info.timed_events:,} of {info.timed_events_total:,} timed events")
+
+
+@main.command()
+@click.argument("timeline", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--plots", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Also write PNG plots into DIR (created if needed).")
+@click.option("--window", default=None, metavar="START_US:END_US",
+              help="Time window of the Gantt chart (microseconds) [default: the whole run].")
+@click.option("--dies", "dies", default=None, metavar="LIST",
+              help="Dies in the Gantt chart, e.g. 0,1,16 or 0-3 [default: the first four].")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON document.")
+@reports_errors
+def report(timeline, plots, window, dies, as_json):
+    """Summarise TIMELINE: makespan, time per op type, exposed communication, link and HBM
+    utilisation, the ten busiest links; with --plots, a Gantt chart, link utilisation, op types."""
+    from cmemu.output.report import run_report
+
+    run_report(timeline, plots_dir=plots, window=window, dies=dies, as_json=as_json, echo=click.echo)
+
+
 if __name__ == "__main__":
     main()

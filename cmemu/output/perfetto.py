@@ -1,0 +1,357 @@
+"""Export a timeline to the Chrome trace-event JSON format (gzipped), which Perfetto opens.
+
+Layout of the trace:
+- one process per die, named "node N / NPU K / die J" and sorted by die index (so by node);
+  processes for CPUs and switch chips follow, holding the counters of their links;
+- in a die's process, one thread per stream ("stream S") with a complete event ("X") per op, then
+  one thread per pipe/engine ("CUBE", "MTE2", ...) with a complete event per task when the
+  timeline has tasks. Events that overlap on one stream or pipe (tasks of several cores on one
+  pipe) go to extra lanes ("CUBE #2", ...), so that every thread holds properly nested events;
+- a flow arrow per message, from its COMM_SEND (at the send's start) to its COMM_RECV (at the
+  later of the receive's start and the send's start, bound to the enclosing receive slice);
+- counters ("C") of each link's bandwidth in GB/s per time bin, when the timeline has binned
+  link counters (/links/binned), in the process of the die or switch the link belongs to.
+
+Timestamps in the format are microseconds; cmemu's integer picoseconds are written exactly as
+decimal microseconds with six digits (``ps // 10**6`` "." ``ps % 10**6``); the trace asks the viewer
+to display nanoseconds. Events are written in timestamp order, one chunk at a time.
+
+Not exported: dispatch->combine flows (the timeline does not yet say which ops form one MoE
+exchange); HBM bandwidth counters (the timeline records no HBM time series yet).
+"""
+from __future__ import annotations
+
+import gzip
+import heapq
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cmemu.errors import CmemuError
+from cmemu.lower import OP_TYPES
+from cmemu.output.schema import PIPE_NAMES
+from cmemu.topology import LINK_KIND_NAMES
+
+DEFAULT_MAX_EVENTS = 2_000_000
+_WRITE_ROWS = 1 << 16
+_PH_X, _PH_S, _PH_F, _PH_C = range(4)
+
+
+class ExportError(CmemuError):
+    """The export would be too large, or the window is malformed."""
+
+
+@dataclass
+class ExportInfo:
+    path: Path
+    events: int  # events written (metadata included)
+    timed_events: int  # events written, without the metadata (names, sort order)
+    timed_events_total: int  # timed events of the whole run, without a window
+    window_ps: tuple[int, int] | None
+    op_events: int
+    task_events: int
+    flows: int
+    counter_events: int
+
+
+def parse_window(text: str | None) -> tuple[int, int] | None:
+    """'START_US:END_US' (microseconds, decimals allowed) -> (start_ps, end_ps)."""
+    if text is None:
+        return None
+    parts = str(text).split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        lo, hi = (round(float(p) * 1e6) for p in parts)
+    except ValueError:
+        raise ExportError(f"--window {text!r}: write START_US:END_US in microseconds, e.g. 100:250.5") from None
+    if not 0 <= lo < hi:
+        raise ExportError(f"--window {text!r}: need 0 <= START_US < END_US")
+    return lo, hi
+
+
+def _us(ps: np.ndarray) -> list[str]:
+    """Integer picoseconds as exact decimal microseconds."""
+    ps = np.asarray(ps, dtype=np.int64)
+    whole, frac = np.divmod(ps, 1_000_000)
+    return [f"{w}.{f:06d}" for w, f in zip(whole.tolist(), frac.tolist())]
+
+
+def assign_lanes(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """A lane per interval such that intervals of one (track, lane) never overlap.
+
+    Greedy interval partitioning in start order: an interval takes the lowest-numbered lane of
+    its track that is free by its start, else a new lane. Tracks whose intervals are
+    already sequential (streams) all get lane 0 without the Python loop.
+    """
+    n = start.size
+    lanes = np.zeros(n, dtype=np.int32)
+    if n == 0:
+        return lanes
+    order = np.lexsort((end, start, track))
+    tr, s, e = track[order], start[order], end[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = tr[1:] != tr[:-1]
+    # Running max of ends within each track (offset per track so the max restarts).
+    grp = np.cumsum(first) - 1
+    span = int(e.max()) + 1
+    if grp[-1] * span < 2**62:
+        runmax = np.maximum.accumulate(e + grp * span) - grp * span
+        prev = np.empty(n, dtype=np.int64)
+        prev[0] = -1
+        prev[1:] = runmax[:-1]
+        overlap = (~first) & (s < prev)
+        bad_tracks = np.unique(tr[overlap])
+    else:
+        bad_tracks = np.unique(tr)
+    if bad_tracks.size == 0:
+        return lanes
+    sel = np.flatnonzero(np.isin(tr, bad_tracks))
+    out = np.zeros(sel.size, dtype=np.int32)
+    busy: list = []  # (end, lane) of the lanes in use
+    free: list = []  # lanes free again, lowest first, so lane 0 stays the fullest
+    current = None
+    count = 0
+    for j, i in enumerate(sel.tolist()):
+        t = tr[i]
+        if t != current:
+            current, busy, free, count = t, [], [], 0
+        while busy and busy[0][0] <= s[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane = heapq.heappop(free)
+        else:
+            lane, count = count, count + 1
+        heapq.heappush(busy, (int(e[i]), lane))
+        out[j] = lane
+    lanes_sorted = np.zeros(n, dtype=np.int32)
+    lanes_sorted[sel] = out
+    lanes[order] = lanes_sorted
+    return lanes
+
+
+def _jstr(values) -> dict:
+    """JSON-escaped string literal for each distinct value."""
+    return {v: json.dumps(str(v)) for v in set(values)}
+
+
+def export_perfetto(timeline, out_path, max_events: int = DEFAULT_MAX_EVENTS, window: str | None = None) -> ExportInfo:
+    """Write ``timeline`` (a path or an open Timeline) as gzipped Chrome trace JSON to ``out_path``."""
+    from cmemu.output.reader import Timeline, open_timeline
+
+    t = timeline if isinstance(timeline, Timeline) else open_timeline(timeline)
+    try:
+        return _export(t, Path(out_path), int(max_events), parse_window(window))
+    finally:
+        if t is not timeline:
+            t.close()
+
+
+def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> ExportInfo:
+    ops = t.columns("ops")
+    msgs = t.columns("messages")
+    n_ops = ops["rank"].size
+    tasks = t.columns("tasks") if t.version >= 2 else {"die": np.zeros(0, np.int32)}
+    n_tasks = tasks["die"].size
+    links = t.columns("links")
+    bins = t.columns("links/binned") if t.has_link_bins() else None
+    bin_ps = t.link_bin_ps
+
+    # -- which events, and how many -------------------------------------------------------
+    def in_window(start, end):
+        if win is None:
+            return np.ones(start.size, dtype=bool)
+        return (end >= win[0]) & (start <= win[1])
+
+    keep_op = in_window(ops["start_ps"], ops["end_ps"])
+    keep_task = in_window(tasks["start_ps"], tasks["end_ps"]) if n_tasks else np.zeros(0, bool)
+    keep_msg = keep_op[msgs["send_op"]] & keep_op[msgs["recv_op"]]
+    vnames = t.vertex_names()
+    counter_rows = _counter_rows(bins, bin_ps)
+    link_names = None
+    if counter_rows is not None:
+        endpoints = t.dies_count + int(t.spec["nodes"]) * int(t.spec["cpus_per_node"])
+        owner, link_names = _link_owner_and_names(links, vnames, endpoints)
+        counter_rows["owner"] = owner[counter_rows["link"]]
+        c_start = counter_rows["ts_ps"]
+        keep_c = in_window(c_start, c_start + (0 if win is None else bin_ps))
+    else:
+        keep_c = np.zeros(0, dtype=bool)
+    total = n_ops + n_tasks + 2 * msgs["send_op"].size + keep_c.size
+    kept = int(keep_op.sum() + keep_task.sum() + 2 * keep_msg.sum() + keep_c.sum())
+    end_us = t.sim_end_ps / 1e6
+    if kept > max_events:
+        if win is None:
+            raise ExportError(
+                f"the trace would hold {total:,} events, above the limit of {max_events:,} (--max-events); "
+                f"pass --window START_US:END_US to keep a time window (the run spans 0 to {end_us:,.3f} us), "
+                "or raise --max-events")
+        raise ExportError(
+            f"the window {win[0] / 1e6:,.3f}:{win[1] / 1e6:,.3f} us still holds {kept:,} events, above the "
+            f"limit of {max_events:,} (--max-events); narrow the window or raise --max-events")
+
+    # -- tracks: (pid, thread label) -> tid -----------------------------------------------
+    # pid = vertex + 1 (dies first, in node order); tids are given per process in label order.
+    dies = t.dies_count
+    op_rank, op_stream = ops["rank"].astype(np.int64), ops["stream"].astype(np.int64)
+    max_stream = int(op_stream.max()) + 1 if n_ops else 1
+    op_lane = assign_lanes(op_rank * max_stream + op_stream, ops["start_ps"], ops["end_ps"])
+    t_die = tasks["die"].astype(np.int64) if n_tasks else np.zeros(0, np.int64)
+    t_pipe = tasks["pipe"].astype(np.int64) if n_tasks else np.zeros(0, np.int64)
+    task_lane = (assign_lanes(t_die * len(PIPE_NAMES) + t_pipe, tasks["start_ps"], tasks["end_ps"])
+                 if n_tasks else np.zeros(0, np.int32))
+    # Thread order within a die: streams (then their overflow lanes), then pipes.
+    stream_key = op_stream * 1024 + op_lane
+    pipe_key = (1 << 40) + t_pipe * 1024 + task_lane
+    keys = np.concatenate([op_rank[keep_op] * (1 << 48) + stream_key[keep_op],
+                           t_die[keep_task] * (1 << 48) + pipe_key[keep_task]])
+    uniq = np.unique(keys)
+    u_die = uniq >> 48
+    u_local = uniq & ((1 << 48) - 1)
+    first_of_die = np.concatenate([[True], u_die[1:] != u_die[:-1]]) if uniq.size else np.zeros(0, bool)
+    tid_of = np.arange(uniq.size) - np.maximum.accumulate(np.where(first_of_die, np.arange(uniq.size), 0)) + 1
+    op_tid = tid_of[np.searchsorted(uniq, op_rank * (1 << 48) + stream_key)] if n_ops else np.zeros(0, int)
+    task_tid = (tid_of[np.searchsorted(uniq, t_die * (1 << 48) + pipe_key)] if n_tasks else np.zeros(0, int))
+    # Indices of rows outside the window may point anywhere; they are never written.
+
+    def thread_label(local: int) -> str:
+        if local < (1 << 40):
+            stream, lane = divmod(local, 1024)
+            return f"stream {stream}" + (f" (overlap lane {lane + 1})" if lane else "")
+        pipe, lane = divmod(local - (1 << 40), 1024)
+        return PIPE_NAMES[pipe] + (f" #{lane + 1}" if lane else "")
+
+    meta = []
+    used_pids = set((u_die + 1).tolist())
+    if counter_rows is not None:
+        used_pids.update((counter_rows["owner"][keep_c] + 1).tolist())
+    for pid in sorted(used_pids):
+        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": str(vnames[pid - 1])}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+    for d, local, tid in zip(u_die.tolist(), u_local.tolist(), tid_of.tolist()):
+        meta.append({"ph": "M", "name": "thread_name", "pid": d + 1, "tid": tid, "args": {"name": thread_label(local)}})
+        meta.append({"ph": "M", "name": "thread_sort_index", "pid": d + 1, "tid": tid, "args": {"sort_index": tid}})
+
+    # -- the timed events, in one order ---------------------------------------------------
+    # X events sort by (start, duration): on one lane, a zero-length op that starts where a longer
+    # one starts comes first, as it ran first. A flow start follows its send's X event and a flow
+    # end its receive's X event (or the flow start), so each binds to the slice it belongs to.
+    x_ts = np.concatenate([ops["start_ps"], tasks["start_ps"] if n_tasks else np.zeros(0, np.int64)])
+    x_end = np.concatenate([ops["end_ps"], tasks["end_ps"] if n_tasks else np.zeros(0, np.int64)])
+    x_keep = np.concatenate([keep_op, keep_task])
+    x_order = np.lexsort((np.arange(x_ts.size), x_end - x_ts, x_ts))
+    pos = np.empty(x_ts.size, dtype=np.int64)
+    pos[x_order] = np.arange(x_ts.size)
+    m = np.flatnonzero(keep_msg)
+    s_op, r_op = msgs["send_op"][m], msgs["recv_op"][m]
+    s_ts = ops["start_ps"][s_op]
+    f_ts = np.maximum(ops["start_ps"][r_op], s_ts)
+    s_key = 2 * pos[s_op] + 1
+    f_key = np.where(ops["start_ps"][r_op] < s_ts, 2 * pos[s_op] + 2, np.maximum(2 * pos[r_op] + 1, 2 * pos[s_op] + 2))
+    xi = np.flatnonzero(x_keep)
+    ci = np.flatnonzero(keep_c)
+    ev_ts = np.concatenate([x_ts[xi], s_ts, f_ts, counter_rows["ts_ps"][ci] if ci.size else np.zeros(0, np.int64)])
+    ev_key = np.concatenate([2 * pos[xi], s_key, f_key, np.full(ci.size, -1, dtype=np.int64)])
+    ev_ph = np.concatenate([np.full(xi.size, _PH_X), np.full(m.size, _PH_S), np.full(m.size, _PH_F),
+                            np.full(ci.size, _PH_C)]).astype(np.int8)
+    ev_idx = np.concatenate([xi, m, m, ci])
+    order = np.lexsort((ev_key, ev_ts))
+
+    op_name = ops["name"]
+    name_lit = _jstr(op_name.tolist())
+    type_lit = [json.dumps(n) for n in OP_TYPES]
+    pipe_lit = [json.dumps(n) for n in PIPE_NAMES]
+    o_pid = op_rank + 1
+    msg_rows = {_PH_S: msgs["send_op"], _PH_F: msgs["recv_op"]}
+
+    def x_event(i: int, ts: str, dur: str) -> str:
+        if i < n_ops:
+            return (f'{{"ph":"X","pid":{o_pid[i]},"tid":{op_tid[i]},"ts":{ts},"dur":{dur},"name":{name_lit[op_name[i]]},'
+                    f'"cat":{type_lit[ops["type"][i]]},"args":{{"op":{i},"node_id":{ops["node_id"][i]},'
+                    f'"bytes":{ops["bytes"][i]}}}}}')
+        j = i - n_ops
+        op = int(tasks["op"][j])
+        label = json.dumps(PIPE_NAMES[t_pipe[j]] + (" " + str(op_name[op]) if op >= 0 else ""))
+        return (f'{{"ph":"X","pid":{t_die[j] + 1},"tid":{task_tid[j]},"ts":{ts},"dur":{dur},"name":{label},'
+                f'"cat":"task","args":{{"pipe":{pipe_lit[t_pipe[j]]},"op":{op},"bytes":{tasks["bytes"][j]}}}}}')
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    written = len(meta)
+    try:
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
+            f.write('{"displayTimeUnit":"ns","otherData":')
+            f.write(json.dumps({
+                "generator": f"cmemu {t.attrs.get('cmemu_version', '?')}", "timeline": str(t.path),
+                "preset": t.attrs.get("preset"), "sim_end_us": end_us, "time_unit": "us (ts and dur)",
+                "window_us": None if win is None else [win[0] / 1e6, win[1] / 1e6],
+                "tasks": t.tasks_status(), "link_counters": "GB/s per bin" if bins is not None else "not recorded",
+            }))
+            f.write(',"traceEvents":[\n')
+            f.write(",\n".join(json.dumps(e, separators=(",", ":")) for e in meta))
+            for lo in range(0, order.size, _WRITE_ROWS):
+                sel = order[lo:lo + _WRITE_ROWS]
+                ts_s = _us(ev_ts[sel])
+                lines = []
+                for k, (ph, idx) in enumerate(zip(ev_ph[sel].tolist(), ev_idx[sel].tolist())):
+                    if ph == _PH_X:
+                        lines.append(x_event(idx, ts_s[k], _us([x_end[idx] - x_ts[idx]])[0]))
+                    elif ph == _PH_C:
+                        lines.append(f'{{"ph":"C","pid":{counter_rows["owner"][idx] + 1},"name":{link_names[counter_rows["link"][idx]]},'
+                                     f'"ts":{ts_s[k]},"args":{{"GB/s":{counter_rows["gbyte_per_s"][idx]:.6g}}}}}')
+                    else:
+                        row = int(msg_rows[ph][idx])
+                        tid = op_tid[row]
+                        tail = ',"bp":"e"' if ph == _PH_F else ""
+                        lines.append(f'{{"ph":"{"s" if ph == _PH_S else "f"}","id":{idx},"pid":{o_pid[row]},'
+                                     f'"tid":{tid},"ts":{ts_s[k]},"name":"message","cat":"message"{tail}}}')
+                if lines:
+                    f.write(",\n")
+                    f.write(",\n".join(lines))
+                written += len(lines)
+            f.write("\n]}\n")
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return ExportInfo(out, written, written - len(meta), total, win, int(keep_op.sum()), int(keep_task.sum()),
+                      int(m.size), int(ci.size))
+
+
+def _counter_rows(bins, bin_ps):
+    """Counter samples from the sparse bins: a value at each bin's start and a 0 where a run of
+    nonzero bins ends. Returns columns link, ts_ps, gbyte_per_s, owner (vertex), or None."""
+    if bins is None:
+        return None
+    link = bins["link"].astype(np.int64)
+    b = bins["bin"].astype(np.int64)
+    order = np.lexsort((b, link))
+    link, b, nbytes = link[order], b[order], bins["bytes"][order]
+    nxt_same = np.zeros(link.size, dtype=bool)
+    if link.size > 1:
+        nxt_same[:-1] = (link[1:] == link[:-1]) & (b[1:] == b[:-1] + 1)
+    z = np.flatnonzero(~nxt_same)
+    all_link = np.concatenate([link, link[z]])
+    all_ts = np.concatenate([b * bin_ps, (b[z] + 1) * bin_ps])
+    # bytes per ps * 1e12 = B/s; / 1e9 = GB/s
+    gbs = np.concatenate([nbytes / bin_ps * 1e3, np.zeros(z.size)])
+    o = np.lexsort((all_ts, all_link))
+    return {"link": all_link[o], "ts_ps": all_ts[o], "gbyte_per_s": gbs[o], "owner": None}
+
+
+def _link_owner_and_names(links, vnames, dies_and_cpus: int):
+    """Per link: the vertex whose process shows its counter, and the counter's name (JSON literal).
+    A link into a die or CPU is shown on that endpoint (what it receives), any other on its source."""
+    src, dst, kind = links["src_vertex"], links["dst_vertex"], links["kind"]
+    into_ep = dst < dies_and_cpus
+    owner = np.where(into_ep, dst, src).astype(np.int64)
+    names = []
+    for i in range(src.size):
+        k = LINK_KIND_NAMES[kind[i]]
+        if into_ep[i]:
+            names.append(json.dumps(f"link {i} {k} from {vnames[src[i]]}"))
+        else:
+            names.append(json.dumps(f"link {i} {k} to {vnames[dst[i]]}"))
+    return owner, names

@@ -1,0 +1,301 @@
+"""``cmemu report``: a timeline's figures as a table, and PNG plots made with matplotlib (Agg).
+
+Plots: ``gantt.png`` (ops of each stream, and pipe tasks when recorded, of a few dies over a time
+window), ``links.png`` (a links x time heat map of utilisation when the timeline has binned link
+counters, otherwise the busiest links' utilisation over the whole run), ``op_types.png`` (busy
+time per op type and exposed communication, as a share of the makespan per die). HBM bandwidth
+over time is not plotted: timelines record no HBM time series yet, and the report says so.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from cmemu.errors import CmemuError
+from cmemu.lower import OP_TYPES
+from cmemu.output.reader import busiest_links, open_timeline
+from cmemu.output.schema import PIPE_NAMES
+from cmemu.topology import LINK_KIND_NAMES
+
+# One colour per op type (tab10), the same in every plot.
+OP_COLOURS = dict(zip(OP_TYPES, ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")))
+PIPE_COLOURS = dict(zip(PIPE_NAMES, ("#d62728", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#aec7e8",
+                                      "#ffbb78", "#98df8a")))
+EXPOSED_COLOUR = "#d62728"
+GANTT_DIES_DEFAULT = 4
+
+
+def parse_dies(text: str | None, dies: int) -> list[int]:
+    """'0,1,16' or '0-3' or '0-3,16' -> die indices, each checked against the system."""
+    if text is None:
+        return list(range(min(GANTT_DIES_DEFAULT, dies)))
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise CmemuError(f"--dies {text!r}: write die numbers such as 0,1,16 or ranges such as 0-3") from None
+    bad = [d for d in out if not 0 <= d < dies]
+    if bad or not out:
+        raise CmemuError(f"--dies {text!r}: dies are numbered 0 to {dies - 1}")
+    return list(dict.fromkeys(out))
+
+
+def _fmt_us(ps) -> str:
+    return f"{ps / 1e6:,.3f}"
+
+
+def report_text(t, summary: dict) -> str:
+    from cmemu.scenarios.common import format_table
+
+    s = summary
+    lines = [f"cmemu report {t.path} (timeline v{t.version}, preset {s['preset']}, {s['dies']} dies)"]
+    lines.append(f"  makespan             {s['makespan_us']:,.3f} us")
+    lines.append(f"  ops                  {s['ops']:,}; messages {s['messages']:,} ({s['message_bytes']:,} B)")
+    e = s["exposed_comm"]
+    lines.append(f"  exposed comm         per die: mean {e['per_active_die_mean_us']:,.3f} us, max "
+                 f"{e['per_die_max_us']:,.3f} us on die {e['die_max']} ({t.die_name(e['die_max'])}), "
+                 f"{e['share_of_makespan_max_percent']:.1f}% of the makespan")
+    lines.append("                       (a COMM_RECV waiting while no COMP or MEM op runs on its die)")
+    lines.append(f"  UB links             {s['ub_utilisation_percent']:.2f}% of the capacity of all UB links "
+                 "over the makespan")
+    h = s["hbm"]
+    rate = float(t.spec["die"]["hbm_bandwidth_gbyte_per_s"])
+    lines.append(f"  HBM                  per die: mean {h['utilisation_per_die_mean_percent']:.2f}%, max "
+                 f"{h['utilisation_per_die_max_percent']:.2f}% of {rate:,.0f} GB/s over the makespan "
+                 f"({h['bytes']:,} B of MEM_LOAD/MEM_STORE; COMP operand traffic not recorded)")
+    lines.append(f"  pipe tasks           {s['tasks']}")
+    if not t.has_tasks():
+        lines.append("                       (so no cube/vector utilisation: it needs the pipe model)")
+    lines.append(f"  link time series     {s['link_bins']}")
+    lines.append("")
+    lines.append("time per op type (busy = time at least one op of the type runs on a die)")
+    rows = []
+    for name, o in s["op_types"].items():
+        rows.append({"op type": name, "count": o["count"], "sum of op times (us)": o["total_time_us"],
+                     "busy per die, mean (us)": o["busy_time_per_active_die_mean_us"],
+                     "busy per die, max (us)": o["busy_time_per_die_max_us"],
+                     "busy per die, mean (% of makespan)": 100.0 * o["busy_time_per_active_die_mean_us"]
+                     / s["makespan_us"] if s["makespan_us"] else 0.0})
+    lines.append(format_table(rows))
+    lines.append("")
+    lines.append("links by kind (utilisation = busy time / makespan)")
+    rows = [{"kind": k, "links": v["links"], "used": v["links_used"], "bytes (B)": v["bytes"],
+             "mean util, used links (%)": v["utilisation_mean_of_used_percent"],
+             "max util (%)": v["utilisation_max_percent"]} for k, v in s["link_kinds"].items()]
+    lines.append(format_table(rows))
+    lines.append("")
+    lines.append("ten busiest links")
+    top = busiest_links(t, 10)
+    rows = [{"link": b["link"], "kind": b["kind"], "from": b["src"], "to": b["dst"], "bytes (B)": b["bytes"],
+             "util (%)": b["utilisation_percent"]} for b in top]
+    lines.append(format_table(rows) if rows else "(no link carried traffic)")
+    return "\n".join(lines)
+
+
+def run_report(path, plots_dir=None, window=None, dies=None, as_json=False, echo=print) -> list[Path]:
+    """Print the summary of a timeline; write the plots when ``plots_dir`` is given. Returns the PNGs."""
+    from cmemu.output.perfetto import parse_window
+
+    with open_timeline(path) as t:
+        win = parse_window(window) or (0, max(t.sim_end_ps, 1))
+        die_list = parse_dies(dies, t.dies_count)
+        s = t.summary()
+        if as_json:
+            s["busiest_links"] = busiest_links(t, 10)
+            echo(json.dumps(s, indent=2))
+        else:
+            echo(report_text(t, s))
+        written = []
+        if plots_dir is not None:
+            plots_dir = Path(plots_dir)
+            plots_dir.mkdir(parents=True, exist_ok=True)
+            written = write_plots(t, s, plots_dir, win, die_list)
+            if not as_json:
+                echo("")
+                for p in written:
+                    echo(f"plot  {p}")
+                echo("plot  (HBM bandwidth over time: not plotted, the timeline records no HBM time series)")
+        return written
+
+
+def write_plots(t, s: dict, out: Path, win: tuple[int, int], dies: list[int]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, fn in (("gantt.png", _gantt), ("links.png", _links), ("op_types.png", _op_types)):
+        fig = fn(plt, t, s, win, dies)
+        p = out / name
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def _gantt(plt, t, s, win, dies):
+    """One horizontal lane per (die, stream) and per (die, pipe), bars coloured by op type / pipe."""
+    from matplotlib.patches import Patch
+
+    ops = t.columns("ops")
+    lo, hi = win
+    lanes = []  # (label, [(start_us, width_us)], colours)
+    used_types, used_pipes = set(), set()
+    tasks = t.columns("tasks") if t.has_tasks() else None
+    for d in dies:
+        on_die = np.flatnonzero((ops["rank"] == d) & (ops["end_ps"] >= lo) & (ops["start_ps"] <= hi))
+        for stream in np.unique(ops["stream"][on_die]).tolist():
+            rows = on_die[ops["stream"][on_die] == stream]
+            st = np.clip(ops["start_ps"][rows], lo, hi)
+            en = np.clip(ops["end_ps"][rows], lo, hi)
+            types = [OP_TYPES[c] for c in ops["type"][rows]]
+            used_types.update(types)
+            lanes.append((f"die {d} stream {stream}", st, en, [OP_COLOURS[x] for x in types], ops["name"][rows]))
+        if tasks is not None:
+            sel = np.flatnonzero((tasks["die"] == d) & (tasks["end_ps"] >= lo) & (tasks["start_ps"] <= hi))
+            for pipe in np.unique(tasks["pipe"][sel]).tolist():
+                rows = sel[tasks["pipe"][sel] == pipe]
+                name = PIPE_NAMES[pipe]
+                used_pipes.add(name)
+                lanes.append((f"die {d} {name}", np.clip(tasks["start_ps"][rows], lo, hi),
+                              np.clip(tasks["end_ps"][rows], lo, hi), [PIPE_COLOURS[name]] * rows.size, None))
+    height = max(2.5, 0.45 * len(lanes) + 1.6)
+    fig, ax = plt.subplots(figsize=(12, height))
+    for y, (label, st, en, colours, op_names) in enumerate(lanes):
+        ax.broken_barh(list(zip(st / 1e6, np.maximum(en - st, 0) / 1e6)), (y - 0.38, 0.76),
+                       facecolors=colours, edgecolor="white", linewidth=0.3)
+        if op_names is None:
+            continue
+        # Name the ops wide enough to hold a label (about 7% of the window).
+        for i in np.flatnonzero(en - st > 0.07 * (hi - lo)):
+            ax.text((st[i] + en[i]) / 2e6, y, str(op_names[i]), ha="center", va="center", fontsize=7,
+                    color="white", clip_on=True)
+    for y in range(1, len(lanes)):  # a rule between dies
+        if lanes[y][0].split()[1] != lanes[y - 1][0].split()[1]:
+            ax.axhline(y - 0.5, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(lanes)), [lane[0] for lane in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlim(lo / 1e6, hi / 1e6)
+    ax.set_xlabel("simulated time (µs)")
+    ax.set_title(f"Ops per stream, dies {', '.join(map(str, dies))}, "
+                 f"{lo / 1e6:,.3f} to {hi / 1e6:,.3f} µs ({t.attrs.get('preset')})")
+    ax.grid(axis="x", alpha=0.3)
+    handles = [Patch(color=OP_COLOURS[x], label=x) for x in OP_TYPES if x in used_types]
+    handles += [Patch(color=PIPE_COLOURS[x], label=x) for x in PIPE_NAMES if x in used_pipes]
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="op type / pipe")
+    if not lanes:
+        ax.text(0.5, 0.5, "no ops of these dies in this window", transform=ax.transAxes, ha="center")
+    return fig
+
+
+def _links(plt, t, s, win, dies):
+    c = t.columns("links")
+    names = t.vertex_names()
+    end = t.sim_end_ps
+    if t.has_link_bins():
+        return _link_heatmap(plt, t, c)
+    busy = c["busy_ps"]
+    order = np.lexsort((np.arange(busy.size), -busy))
+    top = [i for i in order[:30] if busy[i] > 0]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, max(4.0, 0.28 * len(top) + 1.5)),
+                                  gridspec_kw={"width_ratios": [3, 2]})
+    util = 100.0 * busy / end if end > 0 else np.zeros(busy.shape)
+    labels = [f"{i}: {LINK_KIND_NAMES[c['kind'][i]]}  {names[c['src_vertex'][i]]} → {names[c['dst_vertex'][i]]}"
+              for i in top]
+    ax.barh(range(len(top)), util[top], color="#1f77b4")
+    ax.set_yticks(range(len(top)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("utilisation over the run (% of makespan busy)")
+    ax.set_title(f"The {len(top)} busiest links")
+    ax.grid(axis="x", alpha=0.3)
+    kinds = [k for k in range(len(LINK_KIND_NAMES)) if np.any((c["kind"] == k) & (busy > 0))]
+    mean = [util[(c["kind"] == k) & (busy > 0)].mean() for k in kinds]
+    mx = [util[c["kind"] == k].max() for k in kinds]
+    y = np.arange(len(kinds))
+    ax2.barh(y - 0.2, mean, 0.4, label="mean of links used", color="#2ca02c")
+    ax2.barh(y + 0.2, mx, 0.4, label="max", color="#ff7f0e")
+    ax2.set_yticks(y, [LINK_KIND_NAMES[k] for k in kinds])
+    ax2.invert_yaxis()
+    ax2.set_xlabel("utilisation over the run (%)")
+    ax2.set_title("By link kind")
+    ax2.legend(loc="lower right")
+    ax2.grid(axis="x", alpha=0.3)
+    fig.suptitle("Link utilisation (the timeline has no binned link counters, so no time axis)", y=1.0)
+    fig.tight_layout()
+    return fig
+
+
+def _link_heatmap(plt, t, c):
+    from matplotlib.colors import Normalize
+
+    b = t.columns("links/binned")
+    bin_ps = t.link_bin_ps
+    nbins = max(int(b["bin"].max()) + 1 if b["bin"].size else 1, -(-t.sim_end_ps // bin_ps))
+    used = np.unique(b["link"])
+    # Rows grouped by kind, then by link number.
+    used = used[np.lexsort((used, c["kind"][used]))]
+    row = np.full(c["kind"].size, -1)
+    row[used] = np.arange(used.size)
+    grid = np.zeros((used.size, nbins))
+    grid[row[b["link"]], b["bin"]] = 100.0 * b["busy_ps"] / bin_ps
+    fig, ax = plt.subplots(figsize=(12, min(12.0, max(3.5, 0.02 * used.size + 2.5))))
+    im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", norm=Normalize(0, 100),
+                   extent=(0, nbins * bin_ps / 1e6, used.size - 0.5, -0.5))
+    kinds = c["kind"][used]
+    ticks, labels = [], []
+    for k in np.unique(kinds):
+        rows = np.flatnonzero(kinds == k)
+        ticks.append(rows.mean())
+        labels.append(f"{LINK_KIND_NAMES[k]} ({rows.size})")
+        if rows[0] > 0:
+            ax.axhline(rows[0] - 0.5, color="white", linewidth=0.8)
+    ax.set_yticks(ticks, labels)
+    ax.set_xlabel(f"simulated time (µs), bins of {bin_ps / 1e6:,.3f} µs")
+    ax.set_ylabel("links that carried traffic, by kind")
+    ax.set_title("Link utilisation per time bin")
+    fig.colorbar(im, ax=ax, label="utilisation (% of the bin busy)")
+    return fig
+
+
+def _op_types(plt, t, s, win, dies):
+    d = t.dies_columns()
+    end = max(t.sim_end_ps, 1)
+    active = d["any_busy_ps"] > 0
+    names, mean, lo, hi, colours = [], [], [], [], []
+    for i, name in enumerate(OP_TYPES):
+        if name not in s["op_types"]:
+            continue
+        v = 100.0 * d["busy_ps"][active, i] / end
+        names.append(name)
+        mean.append(v.mean())
+        lo.append(v.mean() - v.min())
+        hi.append(v.max() - v.mean())
+        colours.append(OP_COLOURS[name])
+    v = 100.0 * d["exposed_comm_ps"][active] / end
+    names.append("exposed comm")
+    mean.append(v.mean() if v.size else 0.0)
+    lo.append(mean[-1] - (v.min() if v.size else 0.0))
+    hi.append((v.max() if v.size else 0.0) - mean[-1])
+    colours.append(EXPOSED_COLOUR)
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 1.8))
+    y = np.arange(len(names))
+    ax.barh(y, mean, xerr=[lo, hi], color=colours, capsize=4, ecolor="black")
+    for yi, m, h in zip(y, mean, hi):
+        ax.text(m + h + 1, yi, f"{m:.1f}%", fontsize=8, va="center")
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 105)
+    ax.set_xlabel("busy time per die (% of the makespan); bar = mean over dies with ops, whiskers = min to max")
+    ax.set_title(f"Op-type breakdown, {int(active.sum())} dies, makespan {end / 1e6:,.3f} µs")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
