@@ -28,7 +28,7 @@ packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_ack``, ``on_mess
 """
 cimport cython
 from libc.stdlib cimport malloc, realloc, free
-from libc.stdint cimport int64_t, int32_t, uint8_t
+from libc.stdint cimport int64_t, int32_t, uint8_t, uint64_t
 
 import numpy as np
 cimport numpy as cnp
@@ -38,8 +38,10 @@ cnp.import_array()
 cdef extern from *:
     """
     typedef __int128 cm_int128;
+    static inline int cm_ctz64(unsigned long long x) { return __builtin_ctzll(x); }
     """
     ctypedef long long cm_int128
+    int cm_ctz64(unsigned long long x) noexcept nogil
 
 # Op kinds (must match cmemu.lower.OP_KIND_*).
 cdef enum:
@@ -189,6 +191,8 @@ cdef class Engine:
     cdef int32_t[::1] rr
     cdef int32_t[::1] voq_head
     cdef int32_t[::1] voq_tail
+    cdef uint64_t[::1] voq_mask   # per link, one bit per VOQ that holds packets
+    cdef int64_t[::1] mask_base
     cdef readonly cnp.ndarray link_bytes, link_busy_ps
     cdef int64_t[::1] lbytes
     cdef int64_t[::1] lbusy
@@ -290,6 +294,9 @@ cdef class Engine:
         self.rr = np.zeros(n_links, dtype=np.int32)
         self.voq_head = np.full(F.num_voqs, -1, dtype=np.int32)
         self.voq_tail = np.full(F.num_voqs, -1, dtype=np.int32)
+        words = (np.asarray(F.link_voq_slots, dtype=np.int64) * NUM_VLS + 63) // 64
+        self.mask_base = (np.cumsum(words) - words).astype(np.int64)
+        self.voq_mask = np.zeros(int(words.sum()), dtype=np.uint64)
         self.link_bytes = np.zeros(n_links, dtype=np.int64)
         self.link_busy_ps = np.zeros(n_links, dtype=np.int64)
         self.lbytes = self.link_bytes
@@ -516,11 +523,13 @@ cdef class Engine:
             d[0] = self.msg_dst[m]
 
     cdef inline void voq_append(self, int32_t link, int32_t slot, int32_t p) noexcept nogil:
-        cdef int64_t q = self.voq_base[link] + slot * NUM_VLS + self.pkts[p].vl
+        cdef int64_t pos = slot * NUM_VLS + self.pkts[p].vl
+        cdef int64_t q = self.voq_base[link] + pos
         self.pkts[p].next = -1
         self.pkts[p].link = link
         if self.voq_tail[q] < 0:
             self.voq_head[q] = p
+            self.voq_mask[self.mask_base[link] + (pos >> 6)] |= (<uint64_t>1) << (pos & 63)
         else:
             self.pkts[self.voq_tail[q]].next = p
         self.voq_tail[q] = p
@@ -586,10 +595,25 @@ cdef class Engine:
                 "bytes": out[:, 2].copy(), "busy_ps": out[:, 3].copy()}
 
     # -- link arbitration ------------------------------------------------------------------
+    cdef inline int64_t next_voq(self, int32_t link, int64_t start, int64_t n) noexcept nogil:
+        """The first non-empty VOQ of the link at or after position start, wrapping; -1 if none."""
+        cdef int64_t base = self.mask_base[link], words = (n + 63) >> 6, w, i
+        cdef uint64_t bits
+        w = start >> 6
+        bits = self.voq_mask[base + w] & (~(<uint64_t>0) << (start & 63))
+        for i in range(words + 1):
+            if bits:
+                return (w << 6) + cm_ctz64(bits)
+            w += 1
+            if w == words:
+                w = 0
+            bits = self.voq_mask[base + w]
+        return -1
+
     cdef int try_transmit(self, int32_t link) except -1:
         """Start the next packet on an idle link: round robin over its non-empty VOQs whose
         head packet fits in the receiver's credits."""
-        cdef int64_t base, q, n, k, pos, ser
+        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned
         cdef int32_t p = -1, prev, vl
         if self.queued[link] == 0:
             return 0
@@ -600,18 +624,28 @@ cdef class Engine:
             return 0
         base = self.voq_base[link]
         n = self.voq_slots[link] * NUM_VLS
-        for k in range(n):
-            pos = (self.rr[link] + k) % n
+        # Round robin from rr over the non-empty VOQs (set bits of the link's mask), taking the
+        # first whose head packet fits the receiver's credits.
+        scanned = 0
+        while scanned < n:
+            pos = self.next_voq(link, (self.rr[link] + scanned) % n, n)
+            if pos < 0:
+                break
+            k = (pos - self.rr[link] + n) % n  # distance from rr in round-robin order
+            if k < scanned:
+                break  # wrapped all the way round
             q = base + pos
             p = self.voq_head[q]
-            if p >= 0 and self.credits[link * NUM_VLS + self.pkts[p].vl] >= self.pkts[p].wire:
+            if self.credits[link * NUM_VLS + self.pkts[p].vl] >= self.pkts[p].wire:
                 break
             p = -1
+            scanned = k + 1
         if p < 0:
             return 0  # every head waits for credits: a credit return will call again
         self.voq_head[q] = self.pkts[p].next
         if self.voq_head[q] < 0:
             self.voq_tail[q] = -1
+            self.voq_mask[self.mask_base[link] + (pos >> 6)] &= ~((<uint64_t>1) << (pos & 63))
         self.queued[link] -= 1
         self.rr[link] = <int32_t>((pos + 1) % n)
         vl = self.pkts[p].vl

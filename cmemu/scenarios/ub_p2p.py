@@ -11,7 +11,8 @@ and to a CPU in either node, per message size:
   (1e9 B/s) of payload, one direction.
 
 The all-to-all: each of the first N dies writes ``--a2a-bytes`` to every other one of them, all
-at once; per die, the bytes it sent over the time its last write was acknowledged.
+posted at once in staggered order (die i writes to i+1, i+2, ...); per die, the bytes it sent
+over the time its last write was acknowledged.
 """
 from __future__ import annotations
 
@@ -107,10 +108,13 @@ def p2p_table(topo, fabric, sizes, ops=("read", "write")):
 
 
 def all_to_all(topo, fabric, dies: int, nbytes: int) -> dict:
-    """Each of the first ``dies`` dies writes ``nbytes`` to every other; per-die bandwidth."""
-    src, dst = np.meshgrid(np.arange(dies), np.arange(dies), indexing="ij")
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
+    """Each of the first ``dies`` dies writes ``nbytes`` to every other; per-die bandwidth.
+
+    Each die posts its writes in the usual staggered order (to die + 1, die + 2, ...), so that
+    at any moment the dies write to different destinations rather than all to the same one.
+    """
+    src = np.repeat(np.arange(dies), dies - 1)
+    dst = (src + np.tile(np.arange(1, dies), dies)) % dies
     n = src.size
     table = MessageTable()
     send_op = np.arange(0, 2 * n, 2)
