@@ -18,3 +18,26 @@ def load_command(name: str):
     """The click command of a scenario."""
     module, _help = SCENARIOS[name]
     return importlib.import_module(module).command
+
+
+def run_scenario(name: str, system: str = "cloudmatrix384", overrides=(), **options):
+    """Run a scenario from Python: returns (parameters, rows) as the command prints them.
+
+    ``options`` are the command's own options by their Python names, with the command's
+    defaults for those left out (e.g. ``run_scenario("ub-p2p", "mini", sizes="512", a2a_dies=0)``).
+    """
+    from cmemu.errors import CmemuError
+    from cmemu.spec import load_system
+
+    if name not in SCENARIOS:
+        raise CmemuError(f"unknown scenario '{name}' (known: {', '.join(sorted(SCENARIOS))})")
+    command = load_command(name)
+    known = {p.name: p for p in command.params}
+    for key in options:
+        if key not in known or key in ("system", "overrides", "as_json"):
+            raise CmemuError(f"scenario '{name}' has no option '{key}'")
+    args = {p.name: p.default for p in command.params if p.name not in ("system", "overrides", "as_json")}
+    for key, value in options.items():
+        args[key] = value
+    spec = load_system(system, overrides)
+    return command.scenario_fn(spec, **args)

@@ -38,6 +38,7 @@ def scenario_command(name: str, default_system: str = "cloudmatrix384"):
 
             go()
 
+        command.scenario_fn = fn  # the plain function, for run_scenario() and sweeps
         return command
 
     return wrap
