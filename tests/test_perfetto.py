@@ -181,6 +181,9 @@ def test_size_limit_refuses_or_keeps_a_window(shipped, tmp_path, cli):
     by = validate(load(out))
     assert all(e["ts"] <= 160 and e["ts"] + e["dur"] >= 140 for e in by["X"])
     assert 0 < len(by["X"]) < 2432
+    # A window after the end of the run: a valid, empty trace, and the command says so.
+    proc = cli("export", "perfetto", shipped, "-o", out, "--window", "100000:100001")
+    assert "kept 0 of" in proc.stdout and load(out)["traceEvents"] == []
 
 
 def test_window_syntax():

@@ -133,11 +133,6 @@ def assign_lanes(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.nd
     return lanes
 
 
-def _jstr(values) -> dict:
-    """JSON-escaped string literal for each distinct value."""
-    return {v: json.dumps(str(v)) for v in set(values)}
-
-
 def export_perfetto(timeline, out_path, max_events: int = DEFAULT_MAX_EVENTS, window: str | None = None) -> ExportInfo:
     """Write ``timeline`` (a path or an open Timeline) as gzipped Chrome trace JSON to ``out_path``."""
     from cmemu.output.reader import Timeline, open_timeline
@@ -213,9 +208,15 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     u_local = uniq & ((1 << 48) - 1)
     first_of_die = np.concatenate([[True], u_die[1:] != u_die[:-1]]) if uniq.size else np.zeros(0, bool)
     tid_of = np.arange(uniq.size) - np.maximum.accumulate(np.where(first_of_die, np.arange(uniq.size), 0)) + 1
-    op_tid = tid_of[np.searchsorted(uniq, op_rank * (1 << 48) + stream_key)] if n_ops else np.zeros(0, int)
-    task_tid = (tid_of[np.searchsorted(uniq, t_die * (1 << 48) + pipe_key)] if n_tasks else np.zeros(0, int))
-    # Indices of rows outside the window may point anywhere; they are never written.
+
+    def tid_for(k):
+        # Rows outside the window have no thread and get an arbitrary one; they are never written.
+        if uniq.size == 0:
+            return np.zeros(k.size, dtype=np.int64)
+        return tid_of[np.minimum(np.searchsorted(uniq, k), uniq.size - 1)]
+
+    op_tid = tid_for(op_rank * (1 << 48) + stream_key)
+    task_tid = tid_for(t_die * (1 << 48) + pipe_key)
 
     def thread_label(local: int) -> str:
         if local < (1 << 40):
@@ -260,23 +261,67 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     ev_idx = np.concatenate([xi, m, m, ci])
     order = np.lexsort((ev_key, ev_ts))
 
-    op_name = ops["name"]
-    name_lit = _jstr(op_name.tolist())
-    type_lit = [json.dumps(n) for n in OP_TYPES]
+    # Per X event (ops, then tasks): pid, tid, the index of its name literal, its category literal
+    # and three integer arguments; formatted a chunk at a time from plain lists.
+    names_u, name_inv = np.unique(ops["name"].astype(str), return_inverse=True) if n_ops else (np.zeros(0, str), np.zeros(0, np.int64))
+    labels = [json.dumps(str(n)) for n in names_u]
+    cats = [json.dumps(n) for n in OP_TYPES] + ['"task"']
+    x_pid = np.concatenate([op_rank + 1, t_die + 1])
+    x_tid = np.concatenate([op_tid, task_tid]).astype(np.int64)
+    x_label = name_inv.astype(np.int64)
+    x_cat = ops["type"].astype(np.int64)
+    x_a = [np.arange(n_ops), ops["node_id"], ops["bytes"]]
+    if n_tasks:
+        # Task names: the pipe and the op it works for ("CUBE o_proj_mb0"), one literal per pair.
+        t_op = tasks["op"].astype(np.int64)
+        pair = t_pipe * (len(names_u) + 1) + np.where(t_op >= 0, name_inv[np.maximum(t_op, 0)], len(names_u))
+        pairs_u, pair_inv = np.unique(pair, return_inverse=True)
+        for pr in pairs_u.tolist():
+            pipe, nm = divmod(pr, len(names_u) + 1)
+            labels.append(json.dumps(PIPE_NAMES[pipe] + (" " + str(names_u[nm]) if nm < len(names_u) else "")))
+        x_label = np.concatenate([x_label, len(names_u) + pair_inv])
+        x_cat = np.concatenate([x_cat, np.full(n_tasks, len(OP_TYPES))])
+        x_a = [np.concatenate([x_a[0], t_pipe]), np.concatenate([x_a[1], t_op]),
+               np.concatenate([x_a[2], tasks["bytes"]])]
     pipe_lit = [json.dumps(n) for n in PIPE_NAMES]
-    o_pid = op_rank + 1
-    msg_rows = {_PH_S: msgs["send_op"], _PH_F: msgs["recv_op"]}
+    x_dur = x_end - x_ts
+    f_row = np.concatenate([msgs["send_op"], msgs["recv_op"]])  # flow end e's row: f_row[n_msgs + e]
+    n_msgs = msgs["send_op"].size
 
-    def x_event(i: int, ts: str, dur: str) -> str:
-        if i < n_ops:
-            return (f'{{"ph":"X","pid":{o_pid[i]},"tid":{op_tid[i]},"ts":{ts},"dur":{dur},"name":{name_lit[op_name[i]]},'
-                    f'"cat":{type_lit[ops["type"][i]]},"args":{{"op":{i},"node_id":{ops["node_id"][i]},'
-                    f'"bytes":{ops["bytes"][i]}}}}}')
-        j = i - n_ops
-        op = int(tasks["op"][j])
-        label = json.dumps(PIPE_NAMES[t_pipe[j]] + (" " + str(op_name[op]) if op >= 0 else ""))
-        return (f'{{"ph":"X","pid":{t_die[j] + 1},"tid":{task_tid[j]},"ts":{ts},"dur":{dur},"name":{label},'
-                f'"cat":"task","args":{{"pipe":{pipe_lit[t_pipe[j]]},"op":{op},"bytes":{tasks["bytes"][j]}}}}}')
+    def chunk_lines(sel) -> list[str]:
+        ph = ev_ph[sel]
+        idx = ev_idx[sel]
+        ts = _us(ev_ts[sel])
+        lines = [""] * sel.size
+        k = np.flatnonzero(ph == _PH_X)
+        if k.size:
+            i = idx[k]
+            dur = _us(x_dur[i])
+            for pos, ii, t_s, d_s, pid, tid, lab, cat, a0, a1, a2 in zip(
+                    k.tolist(), i.tolist(), [ts[j] for j in k.tolist()], dur, x_pid[i].tolist(), x_tid[i].tolist(),
+                    x_label[i].tolist(), x_cat[i].tolist(), x_a[0][i].tolist(), x_a[1][i].tolist(), x_a[2][i].tolist()):
+                if ii < n_ops:
+                    args = f'"op":{a0},"node_id":{a1},"bytes":{a2}'
+                else:
+                    args = f'"pipe":{pipe_lit[a0]},"op":{a1},"bytes":{a2}'
+                lines[pos] = (f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{t_s},"dur":{d_s},"name":{labels[lab]},'
+                              f'"cat":{cats[cat]},"args":{{{args}}}}}')
+        for phase, letter, tail, offset in ((_PH_S, "s", "", 0), (_PH_F, "f", ',"bp":"e"', n_msgs)):
+            k = np.flatnonzero(ph == phase)
+            if k.size:
+                rows = f_row[idx[k] + offset]
+                for pos, fid, pid, tid in zip(k.tolist(), idx[k].tolist(), (op_rank[rows] + 1).tolist(),
+                                              op_tid[rows].tolist()):
+                    lines[pos] = (f'{{"ph":"{letter}","id":{fid},"pid":{pid},"tid":{tid},"ts":{ts[pos]},'
+                                  f'"name":"message","cat":"message"{tail}}}')
+        k = np.flatnonzero(ph == _PH_C)
+        if k.size:
+            i = idx[k]
+            for pos, pid, link, v in zip(k.tolist(), (counter_rows["owner"][i] + 1).tolist(),
+                                         counter_rows["link"][i].tolist(), counter_rows["gbyte_per_s"][i].tolist()):
+                lines[pos] = (f'{{"ph":"C","pid":{pid},"name":{link_names[link]},"ts":{ts[pos]},'
+                              f'"args":{{"GB/s":{v:.6g}}}}}')
+        return lines
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     written = len(meta)
@@ -291,25 +336,13 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
             }))
             f.write(',"traceEvents":[\n')
             f.write(",\n".join(json.dumps(e, separators=(",", ":")) for e in meta))
+            sep = ",\n" if meta else ""
             for lo in range(0, order.size, _WRITE_ROWS):
-                sel = order[lo:lo + _WRITE_ROWS]
-                ts_s = _us(ev_ts[sel])
-                lines = []
-                for k, (ph, idx) in enumerate(zip(ev_ph[sel].tolist(), ev_idx[sel].tolist())):
-                    if ph == _PH_X:
-                        lines.append(x_event(idx, ts_s[k], _us([x_end[idx] - x_ts[idx]])[0]))
-                    elif ph == _PH_C:
-                        lines.append(f'{{"ph":"C","pid":{counter_rows["owner"][idx] + 1},"name":{link_names[counter_rows["link"][idx]]},'
-                                     f'"ts":{ts_s[k]},"args":{{"GB/s":{counter_rows["gbyte_per_s"][idx]:.6g}}}}}')
-                    else:
-                        row = int(msg_rows[ph][idx])
-                        tid = op_tid[row]
-                        tail = ',"bp":"e"' if ph == _PH_F else ""
-                        lines.append(f'{{"ph":"{"s" if ph == _PH_S else "f"}","id":{idx},"pid":{o_pid[row]},'
-                                     f'"tid":{tid},"ts":{ts_s[k]},"name":"message","cat":"message"{tail}}}')
+                lines = chunk_lines(order[lo:lo + _WRITE_ROWS])
                 if lines:
-                    f.write(",\n")
+                    f.write(sep)
                     f.write(",\n".join(lines))
+                    sep = ",\n"
                 written += len(lines)
             f.write("\n]}\n")
         os.replace(tmp, out)

@@ -16,7 +16,7 @@ import numpy as np
 from cmemu.errors import CmemuError
 from cmemu.lower import OP_TYPES
 from cmemu.output.schema import PIPE_NAMES, READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
-from cmemu.output.summary import die_summary
+from cmemu.output.summary import busy_union_ps, die_summary
 from cmemu.topology import LINK_KIND_NAMES
 
 UB_LINK_KINDS = tuple(k for k in LINK_KIND_NAMES if k.startswith("ub_"))
@@ -318,8 +318,39 @@ def summarize(t: Timeline) -> dict:
             "utilisation_per_die_max_percent": 100.0 * float(hbm_util.max()) if dies else 0.0,
         },
         "tasks": t.tasks_status(),
+        "pipes": pipe_figures(t),
         "link_bins": "recorded" if t.has_link_bins() else "not recorded",
     }
+
+
+def pipe_figures(t: Timeline) -> dict:
+    """Per pipe/engine with tasks: count, summed task time, busy share per die (time at least one
+    task of the pipe runs), and for CUBE and VECTOR the mean core utilisation (summed task time
+    over cores x makespan, cores from the spec: AIC for CUBE, AIV for VECTOR)."""
+    if not t.has_tasks():
+        return {}
+    c = t.columns("tasks")
+    end = t.sim_end_ps
+    dies = t.dies_count
+    die, pipe = c["die"].astype(np.int64), c["pipe"].astype(np.int64)
+    dur = c["end_ps"] - c["start_ps"]
+    busy = busy_union_ps(die * len(PIPE_NAMES) + pipe, c["start_ps"], c["end_ps"],
+                         dies * len(PIPE_NAMES)).reshape(dies, len(PIPE_NAMES))
+    cores = {"CUBE": int(t.spec["die"]["aic_cores"]), "VECTOR": int(t.spec["die"]["aiv_cores"])}
+    out = {}
+    for k, name in enumerate(PIPE_NAMES):
+        sel = pipe == k
+        if not sel.any():
+            continue
+        used = np.unique(die[sel])
+        fig = {"tasks": int(sel.sum()), "total_time_us": float(dur[sel].sum()) / 1e6,
+               "dies": int(used.size),
+               "busy_per_die_mean_percent": 100.0 * float(busy[used, k].mean()) / end if end else 0.0}
+        if name in cores:
+            per_die = np.bincount(die[sel], weights=dur[sel], minlength=dies)[used]
+            fig["core_utilisation_mean_percent"] = 100.0 * float(per_die.mean()) / (cores[name] * end) if end else 0.0
+        out[name] = fig
+    return out
 
 
 def busiest_links(t: Timeline, n: int = 10) -> list[dict]:

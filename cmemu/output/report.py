@@ -74,6 +74,10 @@ def report_text(t, summary: dict) -> str:
     lines.append(f"  pipe tasks           {s['tasks']}")
     if not t.has_tasks():
         lines.append("                       (so no cube/vector utilisation: it needs the pipe model)")
+    for name, p in s["pipes"].items():
+        util = p.get("core_utilisation_mean_percent")
+        lines.append(f"    {name:<10} {p['tasks']:,} tasks on {p['dies']} dies, busy {p['busy_per_die_mean_percent']:.1f}% "
+                     f"of the makespan per die" + (f", cores {util:.1f}% utilised" if util is not None else ""))
     lines.append(f"  link time series     {s['link_bins']}")
     lines.append("")
     lines.append("time per op type (busy = time at least one op of the type runs on a die)")
