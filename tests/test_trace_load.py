@@ -312,11 +312,45 @@ def test_unknown_type(tmp_path):
     assert_names(error, 7, "type", 'unknown type "COMP_NODE"', "COMM_SEND")
 
 
-def test_comm_coll_not_supported_yet(tmp_path):
-    coll = {"id": 4, "type": "COMM_COLL", "rank": 0,
-            "attrs": {"comm_type": "ALL_REDUCE", "comm_size": 64}}
-    error = one_problem(tmp_path, nodes_doc(coll))
-    assert_names(error, 4, "type", "COMM_COLL", "not support in trace v1 yet")
+def coll(i, rank, ctype="ALL_REDUCE", group="g", **attrs):
+    return {"id": i, "type": "COMM_COLL", "rank": rank,
+            "attrs": {"comm_type": ctype, "comm_size": 64, "cmemu.group": group, **attrs}}
+
+
+def test_collective_loads(tmp_path):
+    doc = nodes_doc(coll(0, 0), coll(1, 1), coll(2, 2), groups={"g": [0, 1, 2]})
+    trace = load_trace(write(tmp_path, doc), RANKS)
+    assert [n.type for n in trace.nodes] == ["COMM_COLL"] * 3
+    assert trace.header["groups"] == {"g": [0, 1, 2]}
+
+
+@pytest.mark.parametrize("nodes, groups, node_id, field, words", [
+    ([coll(0, 0), coll(1, 1, group="h")], {"g": [0, 1]}, 1, "cmemu.group", ["no group 'h'"]),
+    ([coll(0, 0), coll(1, 3)], {"g": [0, 1]}, 1, "cmemu.group", ["rank 3 is not a member"]),
+    ([coll(0, 0), coll(1, 1), coll(2, 0)], {"g": [0, 1]}, 2, "cmemu.group", ["rank 1 has 1 COMM_COLL"]),
+    ([coll(0, 0), coll(1, 1, comm_size=65)], {"g": [0, 1]}, 1, "comm_size", ["differs from node 0"]),
+    ([coll(0, 0, "MOE_DISPATCH"), coll(1, 1, "MOE_DISPATCH")], {"g": [0, 1]}, 0, "cmemu.tokens", ["needs"]),
+    ([coll(0, 0, "BROADCAST", **{"cmemu.root": 5}), coll(1, 1, "BROADCAST", **{"cmemu.root": 5})],
+     {"g": [0, 1]}, 0, "cmemu.root", ["not a member"]),
+])
+def test_collective_errors(tmp_path, nodes, groups, node_id, field, words):
+    errors = problems(tmp_path, nodes_doc(*nodes, groups=groups))
+    match = [e for e in errors if e.node_id == node_id and e.field == field]
+    assert match, [str(e) for e in errors]
+    assert_names(match[0], node_id, field, *words)
+
+
+def test_collectives_in_opposite_orders_are_a_cycle(tmp_path):
+    # Rank 0 runs the collective of group a, then b; rank 1 runs b, then a: neither can start.
+    doc = nodes_doc(coll(0, 0, group="a"), coll(1, 0, group="b"), coll(2, 1, group="b"), coll(3, 1, group="a"),
+                    groups={"a": [0, 1], "b": [0, 1]})
+    error = one_problem(tmp_path, doc)
+    assert "dependency cycle" in str(error) and "collective" in str(error)
+
+
+def test_bad_groups(tmp_path):
+    errors = problems(tmp_path, nodes_doc(comp(0), groups={"g": [0, 0], "h": [1], "k": [0, 99]}))
+    assert [e.field for e in errors] == ["groups"] * 3
 
 
 def test_rank_out_of_range(tmp_path):
@@ -524,13 +558,13 @@ def test_all_problems_reported_in_file_order(tmp_path):
     )
     errors = problems(tmp_path, doc)
     assert [(e.node_id, e.field) for e in errors] == [
-        (None, "version"), (0, "rank"), (1, "type"), (2, "comm_size"), (3, "data_deps"),
+        (None, "version"), (0, "rank"), (1, "comm_type"), (1, "cmemu.group"), (2, "comm_size"), (3, "data_deps"),
         (None, None), (6, "comm_src"),
     ]
-    assert "nodes[4] must be an object" in str(errors[5])
+    assert "nodes[4] must be an object" in str(errors[6])
     with pytest.raises(TraceError) as raised:
         load_trace(tmp_path / "t.json", RANKS)
-    assert str(raised.value).endswith("(and 6 more problems)")
+    assert str(raised.value).endswith("(and 7 more problems)")
     assert raised.value.field == "version"
 
 
@@ -622,4 +656,4 @@ def test_cycle_found_exactly_when_graphlib_finds_one(spec):
 
 
 def test_node_types_constant():
-    assert NODE_TYPES == ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE")
+    assert NODE_TYPES == ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL")

@@ -9,7 +9,9 @@ This module checks everything a single file can get wrong (fields, types, ranges
 message matching, dependency cycles) with plain Python, one pass per node, so that 10^5 nodes
 check in a fraction of a second; jsonschema is never used at run time. What it leaves to the
 lowering: whether a preset has as many cores as ``cmemu.cores`` asks for, and what an op costs.
-``COMM_COLL`` is recognised but rejected: collectives are not part of trace v1 yet.
+``COMM_COLL`` nodes are collectives over a group of ranks named in the header's ``groups``: each
+member has its own node, and the k-th collective of a group on one member goes with the k-th on
+every other member.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import gc
 import hashlib
 import json
 import math
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,21 +31,47 @@ from cmemu.units import ns_to_ps  # noqa: F401 (re-exported)
 
 SCHEMA = "cmemu.trace"
 VERSION = 1
-NODE_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE")
+NODE_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL")
 _NODE_TYPE_SET = frozenset(NODE_TYPES)
 # Chakra node types that cmemu knows of but cannot run yet: named in the error, not "unknown".
-_NOT_YET = ("COMM_COLL",)
+_NOT_YET = ()
+# Collectives (COMM_COLL comm_type), with the engines that can run them (the first is the default).
+COLL_TYPES = ("ALL_TO_ALL", "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE", "BROADCAST", "MOE_DISPATCH",
+              "MOE_COMBINE")
+COLL_ENGINES = ("sdma", "aiv")
+MOE_TYPES = ("MOE_DISPATCH", "MOE_COMBINE")
+# Attributes that must agree between the members of one collective.
+_COLL_SHARED = ("comm_type", "comm_size", "cmemu.root", "cmemu.tokens", "cmemu.top_k", "cmemu.hidden",
+                "cmemu.payload_bytes", "cmemu.experts", "cmemu.skew", "cmemu.seed")
 
 COMP_UNITS = ("aic", "aiv")
 COMP_DTYPES = ("bf16", "fp16", "int8", "fp32")
+# Operators a COMP may name with cmemu.op: (unit whose cores cmemu.cores counts, required shape
+# attributes, optional ones). The die model (cmemu/die) lowers each to a tile schedule.
+_ROWS_COLS = ("aiv", ("cmemu.rows", "cmemu.cols"), ())
+COMP_OPS = {
+    "gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k"), ("cmemu.tile_m", "cmemu.tile_n")),
+    "grouped_gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups"), ("cmemu.tile_m", "cmemu.tile_n")),
+    "mla_decode": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
+    "mla_prefill": ("aic", ("cmemu.tokens",), ("cmemu.heads",)),
+    "rmsnorm": _ROWS_COLS,
+    "rope": _ROWS_COLS,
+    "swiglu": _ROWS_COLS,
+    "softmax": _ROWS_COLS,
+    "quant_int8": _ROWS_COLS,
+}
+COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile_m", "cmemu.tile_n",
+                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.rows", "cmemu.cols")
 COMM_PLANES = ("ub", "rdma")
 
 # JSON numbers beyond 2**53 are not exact in a double, so no tool chain can be trusted with them.
 MAX_INT = 2**53
 # The core's clock is an int64 count of picoseconds; 2**62 leaves headroom for sums of durations.
 MAX_PS = 2**62
+# Streams are int32 in the lowered arrays and the timeline.
+MAX_STREAM = 2**31 - 1
 
-_HEADER_KEYS = frozenset({"schema", "version", "time_unit", "system", "description", "nodes"})
+_HEADER_KEYS = frozenset({"schema", "version", "time_unit", "system", "description", "groups", "nodes"})
 _NODE_KEYS = frozenset({"id", "name", "type", "rank", "stream", "data_deps", "ctrl_deps", "attrs"})
 
 
@@ -143,6 +172,10 @@ def _parse_json(text: str, spath: str, line_offset: int):
         ) from None
     except RecursionError:
         raise TraceError(spath, "invalid JSON: nested too deeply") from None
+    except ValueError:
+        # Python refuses integer literals of more than sys.get_int_max_str_digits() digits.
+        raise TraceError(spath, "invalid JSON: a number has too many digits "
+                         f"(more than {sys.get_int_max_str_digits()})") from None
 
 
 def _parse_jsonl(text: str, spath: str) -> dict:
@@ -275,7 +308,13 @@ def _kind(v) -> str:
         return "an array"
     if type(v) is dict:
         return "an object"
-    return repr(v)
+    return _num(v)
+
+
+def _num(v) -> str:
+    """A number for a one-line message: a huge integer by its number of digits, not in full."""
+    text = repr(v)
+    return text if len(text) <= 40 else f"a {len(text.lstrip('-'))}-digit number"
 
 
 def _bad_float(v: float) -> str | None:
@@ -293,7 +332,7 @@ def _as_int(v, lo: int):
     t = type(v)
     if t is int:
         if v > MAX_INT:
-            return None, f"{v} is too large (at most 2**53)"
+            return None, f"{_num(v)} is too large (at most 2**53)"
     elif t is float:
         msg = _bad_float(v)
         if msg:
@@ -304,7 +343,7 @@ def _as_int(v, lo: int):
     else:
         return None, f"expected an integer, got {_kind(v)}"
     if v < lo:
-        return None, f"must be >= {lo}, got {v}"
+        return None, f"must be >= {lo}, got {_num(v)}"
     return v, None
 
 
@@ -313,7 +352,7 @@ def _as_number(v):
     t = type(v)
     if t is int:
         if v > MAX_INT:
-            return None, f"{v} is too large (at most 2**53)"
+            return None, f"{_num(v)} is too large (at most 2**53)"
     elif t is float:
         msg = _bad_float(v)
         if msg:
@@ -321,7 +360,7 @@ def _as_number(v):
     else:
         return None, f"expected a number, got {_kind(v)}"
     if v < 0:
-        return None, f"must be >= 0, got {v!r}"
+        return None, f"must be >= 0, got {_num(v)}"
     return v, None
 
 
@@ -345,6 +384,12 @@ def _as_size(v):
     return _as_int(v, 0)
 
 
+def _as_group_name(v):
+    if type(v) is str and v:
+        return v, None
+    return None, f"must be the name of a group in the header's \"groups\", got {_kind(v)}"
+
+
 def _as_cores(v):
     return _as_int(v, 1)
 
@@ -359,6 +404,8 @@ _ATTR_CHECKS = {
         "cmemu.unit": _as_choice(COMP_UNITS),
         "cmemu.dtype": _as_choice(COMP_DTYPES),
         "cmemu.cores": _as_cores,
+        "cmemu.op": _as_choice(tuple(COMP_OPS)),
+        **{key: _as_cores for key in COMP_SHAPE_ATTRS},  # shape sizes: integers >= 1
     },
     "COMM_SEND": {
         "comm_dst": _as_size,
@@ -374,6 +421,21 @@ _ATTR_CHECKS = {
     },
     "MEM_LOAD": {"tensor_size": _as_size},
     "MEM_STORE": {"tensor_size": _as_size},
+    "COMM_COLL": {
+        "comm_type": _as_choice(COLL_TYPES),
+        "comm_size": _as_size,
+        "cmemu.group": _as_group_name,
+        "cmemu.engine": _as_choice(COLL_ENGINES),
+        "cmemu.cores": _as_cores,
+        "cmemu.root": _as_size,
+        "cmemu.tokens": _as_size,
+        "cmemu.top_k": _as_cores,
+        "cmemu.hidden": _as_cores,
+        "cmemu.payload_bytes": _as_cores,
+        "cmemu.experts": _as_cores,
+        "cmemu.skew": _as_number,
+        "cmemu.seed": _as_size,
+    },
 }
 # Checkers of integer attributes and their lower bound, for the fast path of _check_attrs.
 _INT_CHECKS = {_as_size: 0, _as_cores: 1}
@@ -383,6 +445,7 @@ _REQUIRED_ATTRS = {
     "COMM_RECV": ("comm_src", "comm_size"),
     "MEM_LOAD": ("tensor_size",),
     "MEM_STORE": ("tensor_size",),
+    "COMM_COLL": ("comm_type", "cmemu.group"),
 }
 _DEFAULT_ATTRS = {
     "COMP": {"cmemu.unit": "aic"},
@@ -390,6 +453,7 @@ _DEFAULT_ATTRS = {
     "COMM_RECV": {"comm_tag": 0, "cmemu.plane": "ub"},
     "MEM_LOAD": {},
     "MEM_STORE": {},
+    "COMM_COLL": {},
 }
 _COMM_PEER = {"COMM_SEND": "comm_dst", "COMM_RECV": "comm_src"}
 # Only meaningful when a COMP's time is derived from its work (num_ops), not fixed.
@@ -451,6 +515,8 @@ def _check(doc, path: str, num_ranks: int, build: bool):
     stream_of = [None] * n  # (rank, stream) when both are valid and the id is
     msgs = []  # (is_send, index, src, dst, tag) for message matching
     msg_info = {}  # index -> (size, plane)
+    colls = []  # (index, rank, attrs) of COMM_COLL nodes
+    groups = _check_groups(doc.get("groups"), num_ranks, err) if "groups" in doc else {}
     forward = False  # some dependency names a node later in the file
     node_keys = _NODE_KEYS
     no_deps = ()
@@ -499,8 +565,10 @@ def _check(doc, path: str, num_ranks: int, build: bool):
                 err(i, pre + msg, label, "rank")
 
         stream = get("stream", 0)
-        if type(stream) is not int or not 0 <= stream <= MAX_INT:
+        if type(stream) is not int or not 0 <= stream <= MAX_STREAM:
             stream, msg = _as_int(stream, 0)
+            if msg is None and stream > MAX_STREAM:
+                stream, msg = None, f"{_num(stream)} is too large (at most 2**31 - 1)"
             if msg:
                 err(i, pre + msg, label, "stream")
 
@@ -562,7 +630,7 @@ def _check(doc, path: str, num_ranks: int, build: bool):
 
         if nid is not None and rank is not None and stream is not None:
             stream_of[i] = (rank, stream)
-            peer_key = _COMM_PEER.get(ntype)
+            peer_key = _COMM_PEER.get(ntype) if type_ok else None  # ntype may be unhashable
             if peer_key is not None and attrs is not None:
                 peer = attrs.get(peer_key)
                 tag = attrs.get("comm_tag")
@@ -577,12 +645,88 @@ def _check(doc, path: str, num_ranks: int, build: bool):
                         msgs.append((False, i, peer, rank, tag))
                     msg_info[i] = (size, plane)
 
+        if ntype == "COMM_COLL" and attrs is not None and nid is not None and rank is not None:
+            colls.append((i, rank, attrs))
+
         if build and not found:
             out_nodes.append(Node(nid, name, ntype, rank, stream, data_deps, ctrl_deps, attrs))
 
     recv_send = _check_messages(msgs, msg_info, ids, err)
-    _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err)
+    instances = _check_collectives(colls, groups, ids, err)
+    _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err, instances)
     return done(out_nodes)
+
+
+def _check_groups(raw, num_ranks: int, err) -> dict:
+    """The header's groups: name -> tuple of distinct ranks (at least two)."""
+    if type(raw) is not dict:
+        err(-1, f"must be an object of group name -> list of ranks, got {_kind(raw)}", fld="groups")
+        return {}
+    out = {}
+    for name, ranks in raw.items():
+        if type(ranks) is not list or len(ranks) < 2:
+            err(-1, f"group '{name}' must be a list of at least two ranks, got {_kind(ranks)}", fld="groups")
+            continue
+        bad = [r for r in ranks if type(r) is not int or not 0 <= r < num_ranks]
+        if bad:
+            err(-1, f"group '{name}': {_kind(bad[0])} is not a rank of the system (0..{num_ranks - 1})",
+                fld="groups")
+            continue
+        if len(set(ranks)) != len(ranks):
+            err(-1, f"group '{name}' names a rank twice", fld="groups")
+            continue
+        out[name] = tuple(ranks)
+    return out
+
+
+def _check_collectives(colls, groups, ids, err) -> list:
+    """Match each group's k-th COMM_COLL on every member; returns the instances (file indices)."""
+    per_group = {}  # group -> rank -> [indices in file order]
+    for i, rank, attrs in colls:
+        name = attrs.get("cmemu.group")
+        if name is None:
+            continue
+        if name not in groups:
+            known = ", ".join(sorted(groups)) or "none defined"
+            err(i, f"no group '{name}' in the header's groups ({known})", ids[i], "cmemu.group")
+            continue
+        if rank not in groups[name]:
+            err(i, f"rank {rank} is not a member of group '{name}'", ids[i], "cmemu.group")
+            continue
+        ctype = attrs.get("comm_type")
+        if ctype in MOE_TYPES:
+            for key in ("cmemu.tokens", "cmemu.top_k", "cmemu.hidden"):
+                if key not in attrs:
+                    err(i, f"{ctype} needs {key}", ids[i], key)
+        elif ctype is not None and "comm_size" not in attrs:
+            err(i, f"{ctype} needs comm_size (bytes)", ids[i], "comm_size")
+        if ctype == "BROADCAST" and attrs.get("cmemu.root", groups[name][0]) not in groups[name]:
+            err(i, f"cmemu.root {attrs['cmemu.root']} is not a member of group '{name}'", ids[i], "cmemu.root")
+        if ctype in MOE_TYPES and attrs.get("cmemu.top_k", 1) > attrs.get("cmemu.experts", len(groups[name])):
+            err(i, "cmemu.top_k is larger than the number of experts", ids[i], "cmemu.top_k")
+        per_group.setdefault(name, {}).setdefault(rank, []).append(i)
+    instances = []
+    for name, by_rank in per_group.items():
+        counts = {r: len(by_rank.get(r, ())) for r in groups[name]}
+        most = max(counts.values())
+        for r, c in counts.items():
+            if c < most:
+                first = by_rank[next(q for q in groups[name] if counts[q] == most)][c]
+                err(first, f"group '{name}': rank {r} has {c} COMM_COLL node(s) in this group, other members "
+                    f"have {most}; every member needs its own node for each collective", ids[first], "cmemu.group")
+        for k in range(min(counts.values())):
+            inst = [by_rank[r][k] for r in groups[name]]
+            instances.append(inst)
+    by_index = {i: attrs for i, _rank, attrs in colls}
+    for inst in instances:
+        ref = by_index[inst[0]]
+        for i in inst[1:]:
+            for key in _COLL_SHARED:
+                if by_index[i].get(key) != ref.get(key):
+                    err(i, f"{key} differs from node {ids[inst[0]]}, another member of the same collective",
+                        ids[i], key)
+                    break
+    return instances
 
 
 def _check_header(doc: dict, err) -> None:
@@ -593,7 +737,7 @@ def _check_header(doc: dict, err) -> None:
     if "version" not in doc:
         err(-1, f"missing; this cmemu reads version {VERSION}", fld="version")
     elif version != VERSION or type(version) not in (int, float):
-        shown = version if type(version) in (int, float) else _kind(version)
+        shown = _num(version) if type(version) in (int, float) else _kind(version)
         err(-1, f"unsupported trace version {shown}; this cmemu reads version {VERSION}",
             fld="version")
     if doc.get("time_unit") != "ns" or type(doc.get("time_unit")) is not str:
@@ -637,7 +781,15 @@ def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
             err(i, f"{pre}missing: a {ntype} node needs attrs.{key}", label, key)
     if ntype == "COMP":
         has_time = "cmemu.duration_ns" in raw
-        if "num_ops" in raw:
+        op = attrs.get("cmemu.op")
+        if op is not None:
+            _check_comp_op(op, raw, attrs, i, label, pre, err)
+        elif "cmemu.op" not in raw and any(k in raw for k in COMP_SHAPE_ATTRS):
+            key = next(k for k in raw if k in COMP_SHAPE_ATTRS)
+            err(i, f"{pre}only applies with cmemu.op (an operator with a shape)", label, key)
+        if "cmemu.op" in raw:
+            pass
+        elif "num_ops" in raw:
             if has_time:
                 err(i, f"{pre}give either cmemu.duration_ns (a fixed time) or num_ops (work to "
                     "time on the unit), not both", label, "cmemu.duration_ns")
@@ -666,6 +818,27 @@ def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
     return attrs
 
 
+def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
+    """A COMP with cmemu.op: its shape, and nothing that gives its time or work another way."""
+    unit, required, optional = COMP_OPS[op]
+    for key in ("cmemu.duration_ns", "num_ops", "tensor_size"):
+        if key in raw:
+            err(i, f"{pre}not with cmemu.op: the operator's time, work and traffic come from "
+                "its shape", label, key)
+    for key in required:
+        if key not in raw:
+            err(i, f"{pre}missing: cmemu.op \"{op}\" needs attrs.{key}", label, key)
+    allowed = set(required) | set(optional)
+    for key in raw:
+        if key in COMP_SHAPE_ATTRS and key not in allowed:
+            err(i, f"{pre}does not apply to cmemu.op \"{op}\" (its shape: "
+                f"{', '.join(required + optional)})", label, key)
+    if "cmemu.unit" in raw and raw["cmemu.unit"] != unit:
+        err(i, f"{pre}cmemu.op \"{op}\" runs on {unit}; leave cmemu.unit out", label, "cmemu.unit")
+    attrs["cmemu.unit"] = unit
+    attrs.setdefault("cmemu.dtype", "bf16")
+
+
 def _check_messages(msgs, msg_info, ids, err) -> dict[int, int]:
     """Report unmatched and inconsistent messages; return {recv index: send index}."""
     pairs, lone_sends, lone_recvs = _pair_messages(msgs)
@@ -688,12 +861,17 @@ def _check_messages(msgs, msg_info, ids, err) -> dict[int, int]:
     return recv_send
 
 
-def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err) -> None:
+def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err, instances=()) -> None:
     """Find a cycle over data_deps, ctrl_deps, stream order and messages (Kahn, no recursion).
 
     A receive waits for its send (its data cannot arrive before the send starts), so a receive
-    that waits, directly or not, for its own send is a cycle too.
+    that waits, directly or not, for its own send is a cycle too. The members of one collective
+    wait for each other: none can end before every member could start, so they count as one.
     """
+    member_of = {}
+    for k, inst in enumerate(instances):
+        for i in inst:
+            member_of[i] = k
     n = len(ids)
     stream_pred = [None] * n
     last = {}
@@ -701,7 +879,7 @@ def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err) -
         if key is not None:
             stream_pred[i] = last.get(key)
             last[key] = i
-    if not forward and all(s < r for r, s in recv_send.items()):
+    if not forward and not instances and all(s < r for r, s in recv_send.items()):
         return  # every edge points back in the file: the file order is a topological order
 
     def preds(i):
@@ -712,6 +890,8 @@ def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err) -
             out.append((stream_pred[i], "stream"))
         if i in recv_send:
             out.append((recv_send[i], "comm_src"))
+        if i in member_of:
+            out += [(j, "cmemu.group") for j in instances[member_of[i]] if j != i]
         return out
 
     indeg = [0] * n
@@ -728,7 +908,22 @@ def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err) -
     for r, s in recv_send.items():
         succ[s].append(r)
         indeg[r] += 1
-    ready = [i for i in range(n) if indeg[i] == 0]
+    # A collective's members become ready together, once each of them has no predecessor left.
+    waiting = [0] * len(instances)
+
+    def release(i, ready):
+        k = member_of.get(i)
+        if k is None:
+            ready.append(i)
+            return
+        waiting[k] += 1
+        if waiting[k] == len(instances[k]):
+            ready.extend(instances[k])
+
+    ready = []
+    for i in range(n):
+        if indeg[i] == 0:
+            release(i, ready)
     done = 0
     while ready:
         i = ready.pop()
@@ -736,9 +931,15 @@ def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err) -
         for j in succ[i]:
             indeg[j] -= 1
             if indeg[j] == 0:
-                ready.append(j)
+                release(j, ready)
     if done == n:
         return
+    # A member waiting only for its fellow members is still blocked: count it as such below.
+    for k, inst in enumerate(instances):
+        if waiting[k] < len(inst):
+            for i in inst:
+                if indeg[i] == 0:
+                    indeg[i] = 1
 
     # Every node left has a predecessor left: walk back along them until a node repeats.
     blocked = sum(1 for d in indeg if d > 0)
@@ -764,6 +965,9 @@ def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err) -
         elif fld == "comm_src":
             notes.append(f"{ids[k]} -> {ids[nxt]} is a message: COMM_RECV {ids[k]} waits for "
                          f"COMM_SEND {ids[nxt]}")
+        elif fld == "cmemu.group":
+            notes.append(f"{ids[k]} -> {ids[nxt]} is a collective: {ids[k]} and {ids[nxt]} are "
+                         "members of one COMM_COLL and wait for each other")
     message = f"dependency cycle: {path} (a -> b: a waits for b)"
     if notes:
         message += "; " + "; ".join(notes)
