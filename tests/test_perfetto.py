@@ -186,6 +186,15 @@ def test_size_limit_refuses_or_keeps_a_window(shipped, tmp_path, cli):
     assert "kept 0 of" in proc.stdout and load(out)["traceEvents"] == []
 
 
+def test_v1_timeline_exports(tmp_path):
+    from test_timeline import TINY_V1
+
+    out = tmp_path / "v1.json.gz"
+    info = export_perfetto(TINY_V1, out)
+    by = validate(load(out))
+    assert len(by["X"]) == info.op_events == 12 and len(by["s"]) == 3 and not by["C"]
+
+
 def test_window_syntax():
     assert parse_window("1.5:2") == (1_500_000, 2_000_000)
     for bad in ("5", "2:1", "a:b", "-1:3"):

@@ -71,6 +71,27 @@ def test_report_json_and_link_heat_map(tmp_path, capsys):
         png_size(p)
 
 
+def test_report_without_binned_counters_plots_link_totals(tmp_path):
+    """No /links/binned: links.png shows per-link utilisation over the run instead of a heat map."""
+    r = dataclasses.replace(run_trace(TINY, progress=False), tasks=None, link_series=None)
+    path = hdf5.write_timeline(tmp_path / "tiny.h5", r)
+    lines = []
+    written = run_report(path, plots_dir=tmp_path / "p", echo=lines.append)
+    text = "\n".join(lines)
+    assert "link time series     not recorded" in text and "no cube/vector utilisation" in text
+    assert [p.name for p in written] == ["gantt.png", "links.png", "op_types.png"]
+    w, h = png_size(tmp_path / "p" / "links.png")
+    assert w > 400 and h > 200
+
+
+def test_report_reads_a_v1_timeline(cli, tmp_path):
+    from test_timeline import TINY_V1
+
+    proc = cli("report", TINY_V1, "--plots", tmp_path / "p")
+    assert "timeline v1" in proc.stdout and "layout version 1 has no /tasks" in proc.stdout
+    assert (tmp_path / "p" / "gantt.png").is_file()
+
+
 def test_report_bad_options_exit_2(shipped, cli):
     proc = cli("report", shipped, "--dies", "99", check=False)
     assert proc.returncode == 2 and "dies are numbered 0 to 31" in proc.stderr

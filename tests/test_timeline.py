@@ -235,7 +235,7 @@ def test_golden_tiny_timeline_by_hand(tiny_full):
     d = {k: _read(tiny_full, f"dies/{k}") for k in ("busy_ps", "any_busy_ps", "exposed_comm_ps", "bytes_sent",
                                                      "bytes_received", "hbm_read_bytes", "hbm_write_bytes",
                                                      "node", "npu", "die_in_npu")}
-    assert d["busy_ps"].shape == (32, 5)
+    assert d["busy_ps"].shape == (32, len(OP_TYPES))
     assert d["busy_ps"][0, COMP] == 1_000_000
     assert d["busy_ps"][2, COMP] == 500_000 + 250_000
     assert d["busy_ps"][3, COMP] == 100_000
@@ -369,6 +369,10 @@ def test_exposed_comm_by_hand():
     start = np.array([0, 20, 60, 10, 20, 35])
     end = np.array([100, 50, 90, 30, 40, 60])
     assert exposed_comm_ps(rank, typ, start, end, 3).tolist() == [70, 25, 0]
+    # A collective waits for other dies too: COMM_COLL [0, 50) on rank 2 with COMP [10, 20) -> 40.
+    coll = OP_TYPES.index("COMM_COLL")
+    got = exposed_comm_ps(np.array([2, 2]), np.array([coll, COMP]), np.array([0, 10]), np.array([50, 20]), 3)
+    assert got.tolist() == [0, 0, 40]
 
 
 if __name__ == "__main__" and "--freeze-layout" in sys.argv:

@@ -107,7 +107,7 @@ def lower(trace, topo: Topology) -> Lowered:
         if node.type == "COMP":
             dur[i] = comp_duration_ps(node, die, trace.path)
         elif kind[i] == OP_KIND_MEM:
-            dur[i] = hbm_service_ps(nbytes[i], die)
+            dur[i] = hbm_service_ps(nbytes[i], die, store=node.type == "MEM_STORE")
             lat[i] = mem_latency[node.type == "MEM_STORE"]
             res[i] = node.rank  # one HBM server per die
 

@@ -163,7 +163,8 @@ def _write_dies(f, r, spec, w: _Writer) -> None:
     ds.attrs["columns"] = ",".join(OP_TYPES)
     w.dataset(g, "any_busy_ps", s["any_busy_ps"], unit="ps", doc="time during which any op ran on the die")
     w.dataset(g, "exposed_comm_ps", s["exposed_comm_ps"], unit="ps",
-              doc="time during which a COMM_RECV waited and no COMP, MEM_LOAD or MEM_STORE ran on the die")
+              doc="time during which a COMM_RECV or COMM_COLL was in progress and no COMP, MEM_LOAD or "
+                  "MEM_STORE ran on the die")
     w.dataset(g, "bytes_sent", s["bytes_sent"], unit="B", doc="payload of messages the die sent")
     w.dataset(g, "bytes_received", s["bytes_received"], unit="B", doc="payload of messages the die received")
     w.dataset(g, "hbm_read_bytes", s["hbm_read_bytes"], unit="B", doc="bytes of MEM_LOAD ops (COMP operands not included)")

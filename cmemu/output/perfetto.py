@@ -31,9 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_TYPES
 from cmemu.output.schema import PIPE_NAMES
-from cmemu.topology import LINK_KIND_NAMES
 
 DEFAULT_MAX_EVENTS = 2_000_000
 _WRITE_ROWS = 1 << 16
@@ -169,7 +167,7 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     link_names = None
     if counter_rows is not None:
         endpoints = t.dies_count + int(t.spec["nodes"]) * int(t.spec["cpus_per_node"])
-        owner, link_names = _link_owner_and_names(links, vnames, endpoints)
+        owner, link_names = _link_owner_and_names(links, vnames, endpoints, t.link_kinds)
         counter_rows["owner"] = owner[counter_rows["link"]]
         c_start = counter_rows["ts_ps"]
         keep_c = in_window(c_start, c_start + (0 if win is None else bin_ps))
@@ -265,7 +263,7 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     # and three integer arguments; formatted a chunk at a time from plain lists.
     names_u, name_inv = np.unique(ops["name"].astype(str), return_inverse=True) if n_ops else (np.zeros(0, str), np.zeros(0, np.int64))
     labels = [json.dumps(str(n)) for n in names_u]
-    cats = [json.dumps(n) for n in OP_TYPES] + ['"task"']
+    cats = [json.dumps(n) for n in t.op_types] + ['"task"']
     x_pid = np.concatenate([op_rank + 1, t_die + 1])
     x_tid = np.concatenate([op_tid, task_tid]).astype(np.int64)
     x_label = name_inv.astype(np.int64)
@@ -280,7 +278,7 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
             pipe, nm = divmod(pr, len(names_u) + 1)
             labels.append(json.dumps(PIPE_NAMES[pipe] + (" " + str(names_u[nm]) if nm < len(names_u) else "")))
         x_label = np.concatenate([x_label, len(names_u) + pair_inv])
-        x_cat = np.concatenate([x_cat, np.full(n_tasks, len(OP_TYPES))])
+        x_cat = np.concatenate([x_cat, np.full(n_tasks, len(t.op_types))])
         x_a = [np.concatenate([x_a[0], t_pipe]), np.concatenate([x_a[1], t_op]),
                np.concatenate([x_a[2], tasks["bytes"]])]
     pipe_lit = [json.dumps(n) for n in PIPE_NAMES]
@@ -374,7 +372,7 @@ def _counter_rows(bins, bin_ps):
     return {"link": all_link[o], "ts_ps": all_ts[o], "gbyte_per_s": gbs[o], "owner": None}
 
 
-def _link_owner_and_names(links, vnames, dies_and_cpus: int):
+def _link_owner_and_names(links, vnames, dies_and_cpus: int, kinds):
     """Per link: the vertex whose process shows its counter, and the counter's name (JSON literal).
     A link into a die or CPU is shown on that endpoint (what it receives), any other on its source."""
     src, dst, kind = links["src_vertex"], links["dst_vertex"], links["kind"]
@@ -382,7 +380,7 @@ def _link_owner_and_names(links, vnames, dies_and_cpus: int):
     owner = np.where(into_ep, dst, src).astype(np.int64)
     names = []
     for i in range(src.size):
-        k = LINK_KIND_NAMES[kind[i]]
+        k = kinds[kind[i]]
         if into_ep[i]:
             names.append(json.dumps(f"link {i} {k} from {vnames[src[i]]}"))
         else:

@@ -19,9 +19,6 @@ from cmemu.output.schema import PIPE_NAMES, READABLE_VERSIONS, TASK_FIELDS, TIME
 from cmemu.output.summary import busy_union_ps, die_summary
 from cmemu.topology import LINK_KIND_NAMES
 
-UB_LINK_KINDS = tuple(k for k in LINK_KIND_NAMES if k.startswith("ub_"))
-
-
 class TimelineError(CmemuError):
     """A file that is not a cmemu timeline, or one of a version this reader does not know."""
 
@@ -88,6 +85,10 @@ class Timeline:
                 "a newer cmemu wrote it: upgrade cmemu to read it"
             )
         self.version = version
+        # Enum names as this file stores them (later cmemu versions may append members).
+        self.op_types = _enum_names(self._f["ops/type"], OP_TYPES)
+        self.link_kinds = _enum_names(self._f["links/kind"], LINK_KIND_NAMES)
+        self.pipes = _enum_names(self._f["tasks/pipe"], PIPE_NAMES) if "tasks/pipe" in self._f else PIPE_NAMES
         self.attrs = {k: _plain(v) for k, v in self._f.attrs.items()}
         self.spec = json.loads(self.attrs["spec_json"])
         self.sim_end_ps = int(self.attrs["sim_end_ps"])
@@ -141,7 +142,7 @@ class Timeline:
         c = self.columns("ops")
         return _table({
             "node_id": c["node_id"], "rank": c["rank"], "stream": c["stream"],
-            "type": _names(c["type"], OP_TYPES), "name": c["name"],
+            "type": _names(c["type"], self.op_types), "name": c["name"],
             "start_ps": c["start_ps"], "end_ps": c["end_ps"], "dur_ps": c["end_ps"] - c["start_ps"],
             "bytes": c["bytes"],
         }, self.as_numpy)
@@ -167,7 +168,7 @@ class Timeline:
         busy = c["busy_ps"]
         util = busy / self.sim_end_ps if self.sim_end_ps > 0 else np.zeros(busy.shape)
         return _table({
-            "link": np.arange(busy.size, dtype=np.int32), "kind": _names(c["kind"], LINK_KIND_NAMES),
+            "link": np.arange(busy.size, dtype=np.int32), "kind": _names(c["kind"], self.link_kinds),
             "src_vertex": c["src_vertex"], "dst_vertex": c["dst_vertex"],
             "src": names[c["src_vertex"]], "dst": names[c["dst_vertex"]],
             "rate_byte_per_s": c["rate_byte_per_s"], "latency_ps": c["latency_ps"],
@@ -195,16 +196,22 @@ class Timeline:
         else:
             c = self.columns("tasks")
         return _table({
-            "die": c["die"], "pipe": _names(c["pipe"], PIPE_NAMES), "op": c["op"],
+            "die": c["die"], "pipe": _names(c["pipe"], self.pipes), "op": c["op"],
             "start_ps": c["start_ps"], "end_ps": c["end_ps"], "dur_ps": c["end_ps"] - c["start_ps"],
             "bytes": c["bytes"],
         }, self.as_numpy)
 
     def dies_columns(self) -> dict:
-        """The /dies columns as numpy arrays; derived from /ops and /messages for v1 files."""
+        """The /dies columns as numpy arrays; derived from /ops and /messages for v1 files.
+        ``busy_ps`` has a column per name in ``self.op_types``."""
         if self.version >= 2:
-            return self.columns("dies")
-        return die_summary(self.columns("ops"), self.columns("messages"), self.spec)
+            c = self.columns("dies")
+            columns = str(_plain(self._f["dies/busy_ps"].attrs["columns"])).split(",")
+            if tuple(columns) != self.op_types:
+                raise TimelineError(f"{self.path}: /dies/busy_ps columns {columns} differ from the op types "
+                                    f"{list(self.op_types)} of /ops/type")
+            return c
+        return die_summary(self.columns("ops"), self.columns("messages"), self.spec, self.op_types)
 
     def dies(self):
         """One row per die: node, npu, die_in_npu, busy time per op type (busy_<TYPE>_ps), any_busy_ps,
@@ -212,7 +219,7 @@ class Timeline:
         c = self.dies_columns()
         cols = {"die": np.arange(c["node"].size, dtype=np.int32), "node": c["node"], "npu": c["npu"],
                 "die_in_npu": c["die_in_npu"]}
-        for i, t in enumerate(OP_TYPES):
+        for i, t in enumerate(self.op_types):
             cols[f"busy_{t}_ps"] = c["busy_ps"][:, i]
         for k in ("any_busy_ps", "exposed_comm_ps", "bytes_sent", "bytes_received", "hbm_read_bytes",
                   "hbm_write_bytes"):
@@ -244,6 +251,17 @@ class Timeline:
         return summarize(self)
 
 
+def _enum_names(ds, default) -> tuple:
+    """Names by code of an HDF5 enum dataset (``default`` if it is not an enum)."""
+    mapping = h5py.check_enum_dtype(ds.dtype)
+    if not mapping:
+        return tuple(default)
+    names = [None] * (max(mapping.values()) + 1)
+    for name, code in mapping.items():
+        names[code] = name
+    return tuple(n if n is not None else f"code {i}" for i, n in enumerate(names))
+
+
 def _plain(v):
     if isinstance(v, bytes):
         return v.decode()
@@ -261,7 +279,7 @@ def summarize(t: Timeline) -> dict:
     dies = d["node"].size
     active = d["any_busy_ps"] > 0
     op_types = {}
-    for i, name in enumerate(OP_TYPES):
+    for i, name in enumerate(t.op_types):
         sel = ops["type"] == i
         if not sel.any():
             continue
@@ -276,7 +294,7 @@ def summarize(t: Timeline) -> dict:
     links = t.columns("links")
     kinds = {}
     util = links["busy_ps"] / end if end > 0 else np.zeros(links["busy_ps"].shape)
-    for k, name in enumerate(LINK_KIND_NAMES):
+    for k, name in enumerate(t.link_kinds):
         sel = links["kind"] == k
         if not sel.any():
             continue
@@ -289,7 +307,7 @@ def summarize(t: Timeline) -> dict:
             "utilisation_mean_of_used_percent": 100.0 * float(util[used].mean()) if used.any() else 0.0,
             "utilisation_max_percent": 100.0 * float(util[sel].max()),
         }
-    ub = np.isin(links["kind"], [LINK_KIND_NAMES.index(k) for k in UB_LINK_KINDS])
+    ub = np.isin(links["kind"], [k for k, name in enumerate(t.link_kinds) if name.startswith("ub_")])
     ub_capacity = float((links["rate_byte_per_s"][ub]).sum()) * end / 1e12
     hbm_bytes = d["hbm_read_bytes"] + d["hbm_write_bytes"]
     hbm_rate = float(t.spec["die"]["hbm_bandwidth_gbyte_per_s"]) * 1e9
@@ -334,11 +352,11 @@ def pipe_figures(t: Timeline) -> dict:
     dies = t.dies_count
     die, pipe = c["die"].astype(np.int64), c["pipe"].astype(np.int64)
     dur = c["end_ps"] - c["start_ps"]
-    busy = busy_union_ps(die * len(PIPE_NAMES) + pipe, c["start_ps"], c["end_ps"],
-                         dies * len(PIPE_NAMES)).reshape(dies, len(PIPE_NAMES))
+    npipes = len(t.pipes)
+    busy = busy_union_ps(die * npipes + pipe, c["start_ps"], c["end_ps"], dies * npipes).reshape(dies, npipes)
     cores = {"CUBE": int(t.spec["die"]["aic_cores"]), "VECTOR": int(t.spec["die"]["aiv_cores"])}
     out = {}
-    for k, name in enumerate(PIPE_NAMES):
+    for k, name in enumerate(t.pipes):
         sel = pipe == k
         if not sel.any():
             continue
@@ -360,7 +378,7 @@ def busiest_links(t: Timeline, n: int = 10) -> list[dict]:
     order = np.lexsort((np.arange(c["busy_ps"].size), -c["busy_ps"]))[:n]
     end = t.sim_end_ps
     return [{
-        "link": int(i), "kind": LINK_KIND_NAMES[c["kind"][i]],
+        "link": int(i), "kind": t.link_kinds[c["kind"][i]],
         "src": names[c["src_vertex"][i]], "dst": names[c["dst_vertex"][i]],
         "bytes": int(c["bytes"][i]),
         "utilisation_percent": 100.0 * float(c["busy_ps"][i]) / end if end > 0 else 0.0,

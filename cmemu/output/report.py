@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_TYPES
 from cmemu.output.reader import busiest_links, open_timeline
 from cmemu.output.schema import PIPE_NAMES
-from cmemu.topology import LINK_KIND_NAMES
 
-# One colour per op type (tab10), the same in every plot.
-OP_COLOURS = dict(zip(OP_TYPES, ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")))
+# One colour per op type (tab10), the same in every plot; grey for types added later.
+OP_COLOURS = dict(zip(("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL"),
+                      ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#bcbd22")))
+OTHER_COLOUR = "#7f7f7f"
 PIPE_COLOURS = dict(zip(PIPE_NAMES, ("#d62728", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#aec7e8",
                                       "#ffbb78", "#98df8a")))
 EXPOSED_COLOUR = "#d62728"
@@ -63,7 +63,7 @@ def report_text(t, summary: dict) -> str:
     lines.append(f"  exposed comm         per die: mean {e['per_active_die_mean_us']:,.3f} us, max "
                  f"{e['per_die_max_us']:,.3f} us on die {e['die_max']} ({t.die_name(e['die_max'])}), "
                  f"{e['share_of_makespan_max_percent']:.1f}% of the makespan")
-    lines.append("                       (a COMM_RECV waiting while no COMP or MEM op runs on its die)")
+    lines.append("                       (a COMM_RECV or COMM_COLL in progress while no COMP or MEM op runs on its die)")
     lines.append(f"  UB links             {s['ub_utilisation_percent']:.2f}% of the capacity of all UB links "
                  "over the makespan")
     h = s["hbm"]
@@ -161,17 +161,18 @@ def _gantt(plt, t, s, win, dies):
             rows = on_die[ops["stream"][on_die] == stream]
             st = np.clip(ops["start_ps"][rows], lo, hi)
             en = np.clip(ops["end_ps"][rows], lo, hi)
-            types = [OP_TYPES[c] for c in ops["type"][rows]]
+            types = [t.op_types[c] for c in ops["type"][rows]]
             used_types.update(types)
-            lanes.append((f"die {d} stream {stream}", st, en, [OP_COLOURS[x] for x in types], ops["name"][rows]))
+            lanes.append((f"die {d} stream {stream}", st, en, [OP_COLOURS.get(x, OTHER_COLOUR) for x in types],
+                          ops["name"][rows]))
         if tasks is not None:
             sel = np.flatnonzero((tasks["die"] == d) & (tasks["end_ps"] >= lo) & (tasks["start_ps"] <= hi))
             for pipe in np.unique(tasks["pipe"][sel]).tolist():
                 rows = sel[tasks["pipe"][sel] == pipe]
-                name = PIPE_NAMES[pipe]
+                name = t.pipes[pipe]
                 used_pipes.add(name)
                 lanes.append((f"die {d} {name}", np.clip(tasks["start_ps"][rows], lo, hi),
-                              np.clip(tasks["end_ps"][rows], lo, hi), [PIPE_COLOURS[name]] * rows.size, None))
+                              np.clip(tasks["end_ps"][rows], lo, hi), [PIPE_COLOURS.get(name, OTHER_COLOUR)] * rows.size, None))
     height = max(2.5, 0.45 * len(lanes) + 1.6)
     fig, ax = plt.subplots(figsize=(12, height))
     for y, (label, st, en, colours, op_names) in enumerate(lanes):
@@ -193,8 +194,8 @@ def _gantt(plt, t, s, win, dies):
     ax.set_title(f"Ops per stream, dies {', '.join(map(str, dies))}, "
                  f"{lo / 1e6:,.3f} to {hi / 1e6:,.3f} µs ({t.attrs.get('preset')})")
     ax.grid(axis="x", alpha=0.3)
-    handles = [Patch(color=OP_COLOURS[x], label=x) for x in OP_TYPES if x in used_types]
-    handles += [Patch(color=PIPE_COLOURS[x], label=x) for x in PIPE_NAMES if x in used_pipes]
+    handles = [Patch(color=OP_COLOURS.get(x, OTHER_COLOUR), label=x) for x in t.op_types if x in used_types]
+    handles += [Patch(color=PIPE_COLOURS.get(x, OTHER_COLOUR), label=x) for x in t.pipes if x in used_pipes]
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="op type / pipe")
     if not lanes:
@@ -214,7 +215,7 @@ def _links(plt, t, s, win, dies):
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, max(4.0, 0.28 * len(top) + 1.5)),
                                   gridspec_kw={"width_ratios": [3, 2]})
     util = 100.0 * busy / end if end > 0 else np.zeros(busy.shape)
-    labels = [f"{i}: {LINK_KIND_NAMES[c['kind'][i]]}  {names[c['src_vertex'][i]]} → {names[c['dst_vertex'][i]]}"
+    labels = [f"{i}: {t.link_kinds[c['kind'][i]]}  {names[c['src_vertex'][i]]} → {names[c['dst_vertex'][i]]}"
               for i in top]
     ax.barh(range(len(top)), util[top], color="#1f77b4")
     ax.set_yticks(range(len(top)), labels, fontsize=7)
@@ -222,13 +223,13 @@ def _links(plt, t, s, win, dies):
     ax.set_xlabel("utilisation over the run (% of makespan busy)")
     ax.set_title(f"The {len(top)} busiest links")
     ax.grid(axis="x", alpha=0.3)
-    kinds = [k for k in range(len(LINK_KIND_NAMES)) if np.any((c["kind"] == k) & (busy > 0))]
+    kinds = [k for k in range(len(t.link_kinds)) if np.any((c["kind"] == k) & (busy > 0))]
     mean = [util[(c["kind"] == k) & (busy > 0)].mean() for k in kinds]
     mx = [util[c["kind"] == k].max() for k in kinds]
     y = np.arange(len(kinds))
     ax2.barh(y - 0.2, mean, 0.4, label="mean of links used", color="#2ca02c")
     ax2.barh(y + 0.2, mx, 0.4, label="max", color="#ff7f0e")
-    ax2.set_yticks(y, [LINK_KIND_NAMES[k] for k in kinds])
+    ax2.set_yticks(y, [t.link_kinds[k] for k in kinds])
     ax2.invert_yaxis()
     ax2.set_xlabel("utilisation over the run (%)")
     ax2.set_title("By link kind")
@@ -260,7 +261,7 @@ def _link_heatmap(plt, t, c):
     for k in np.unique(kinds):
         rows = np.flatnonzero(kinds == k)
         ticks.append(rows.mean())
-        labels.append(f"{LINK_KIND_NAMES[k]} ({rows.size})")
+        labels.append(f"{t.link_kinds[k]} ({rows.size})")
         if rows[0] > 0:
             ax.axhline(rows[0] - 0.5, color="white", linewidth=0.8)
     ax.set_yticks(ticks, labels)
@@ -276,7 +277,7 @@ def _op_types(plt, t, s, win, dies):
     end = max(t.sim_end_ps, 1)
     active = d["any_busy_ps"] > 0
     names, mean, lo, hi, colours = [], [], [], [], []
-    for i, name in enumerate(OP_TYPES):
+    for i, name in enumerate(t.op_types):
         if name not in s["op_types"]:
             continue
         v = 100.0 * d["busy_ps"][active, i] / end
@@ -284,7 +285,7 @@ def _op_types(plt, t, s, win, dies):
         mean.append(v.mean())
         lo.append(v.mean() - v.min())
         hi.append(v.max() - v.mean())
-        colours.append(OP_COLOURS[name])
+        colours.append(OP_COLOURS.get(name, OTHER_COLOUR))
     v = 100.0 * d["exposed_comm_ps"][active] / end
     names.append("exposed comm")
     mean.append(v.mean() if v.size else 0.0)

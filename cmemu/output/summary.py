@@ -10,10 +10,15 @@ import numpy as np
 
 from cmemu.lower import OP_TYPES
 
-_RECV = OP_TYPES.index("COMM_RECV")
-# Ops that keep a die doing useful work while it waits for a message. A COMM_SEND running at the
-# same time is communication too, so it does not hide the wait.
-_WORK = tuple(OP_TYPES.index(t) for t in ("COMP", "MEM_LOAD", "MEM_STORE"))
+# Ops during which a die waits for other dies: a receive, a collective (its exit op spans it).
+WAIT_TYPES = ("COMM_RECV", "COMM_COLL")
+# Ops that keep a die doing useful work while it waits. A COMM_SEND running at the same time is
+# communication too, so it does not hide the wait.
+WORK_TYPES = ("COMP", "MEM_LOAD", "MEM_STORE")
+
+
+def _codes(names, op_types) -> list[int]:
+    return [op_types.index(t) for t in names if t in op_types]
 
 
 def _sweep(key, start, end, nkeys, cls=None):
@@ -52,24 +57,27 @@ def busy_union_ps(key, start, end, nkeys: int) -> np.ndarray:
     return _per_key(k, t, count > 0, nkeys)
 
 
-def exposed_comm_ps(rank, op_type, start, end, ranks: int) -> np.ndarray:
-    """Per rank: time during which a COMM_RECV is waiting and no COMP or MEM op of that rank runs."""
+def exposed_comm_ps(rank, op_type, start, end, ranks: int, op_types=OP_TYPES) -> np.ndarray:
+    """Per rank: time during which a COMM_RECV or COMM_COLL is in progress and no COMP or MEM op
+    of that rank runs. ``op_types`` names the codes of ``op_type`` (the file's enum)."""
     op_type = np.asarray(op_type)
-    sel = (op_type == _RECV) | np.isin(op_type, _WORK)
-    cls = np.isin(op_type[sel], _WORK)
+    wait, work = _codes(WAIT_TYPES, op_types), _codes(WORK_TYPES, op_types)
+    sel = np.isin(op_type, wait) | np.isin(op_type, work)
+    cls = np.isin(op_type[sel], work)
     k, t, (recv, work) = _sweep(np.asarray(rank)[sel], np.asarray(start)[sel], np.asarray(end)[sel], ranks, cls)
     return _per_key(k, t, (recv > 0) & (work == 0), ranks)
 
 
-def die_summary(ops: dict, messages: dict, spec: dict) -> dict:
+def die_summary(ops: dict, messages: dict, spec: dict, op_types=OP_TYPES) -> dict:
     """The ``/dies`` columns, from ``/ops`` and ``/messages`` columns and the resolved spec (a dict).
 
-    ``ops`` needs rank, type, start_ps, end_ps, bytes; ``messages`` needs send_op, recv_op, bytes.
+    ``ops`` needs rank, type, start_ps, end_ps, bytes; ``messages`` needs send_op, recv_op, bytes;
+    ``op_types`` names the type codes (``busy_ps`` has one column per name).
     """
     dies_per_npu = int(spec["dies_per_npu"])
     dies_per_node = int(spec["npus_per_node"]) * dies_per_npu
     dies = int(spec["nodes"]) * dies_per_node
-    ntypes = len(OP_TYPES)
+    ntypes = len(op_types)
     rank = np.asarray(ops["rank"], dtype=np.int64)
     typ = np.asarray(ops["type"], dtype=np.int64)
     start = np.asarray(ops["start_ps"], dtype=np.int64)
@@ -84,14 +92,14 @@ def die_summary(ops: dict, messages: dict, spec: dict) -> dict:
 
     send, recv = np.asarray(messages["send_op"]), np.asarray(messages["recv_op"])
     mbytes = np.asarray(messages["bytes"], dtype=np.int64)
-    load, store = typ == OP_TYPES.index("MEM_LOAD"), typ == OP_TYPES.index("MEM_STORE")
+    load, store = typ == op_types.index("MEM_LOAD"), typ == op_types.index("MEM_STORE")
     return {
         "node": (die // dies_per_node).astype(np.int32),
         "npu": (die // dies_per_npu).astype(np.int32),
         "die_in_npu": (die % dies_per_npu).astype(np.int32),
         "busy_ps": busy_union_ps(rank * ntypes + typ, start, end, dies * ntypes).reshape(dies, ntypes),
         "any_busy_ps": busy_union_ps(rank, start, end, dies),
-        "exposed_comm_ps": exposed_comm_ps(rank, typ, start, end, dies),
+        "exposed_comm_ps": exposed_comm_ps(rank, typ, start, end, dies, op_types),
         "bytes_sent": total(rank[send], mbytes),
         "bytes_received": total(rank[recv], mbytes),
         "hbm_read_bytes": total(rank[load], nbytes[load]),
