@@ -5,6 +5,7 @@ of events so that long runs can report progress without any Python call per even
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -13,14 +14,161 @@ from pathlib import Path
 import numpy as np
 
 from cmemu._core import make_engine
-from cmemu.errors import SimulationError
+from cmemu.errors import CmemuError, SimulationError
 from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
+from cmemu.lower.fabric import build_fabric
 from cmemu.spec import SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
+from cmemu.units import ns_to_ps
 
 DEFAULT_SYSTEM = "cloudmatrix384"
+DEFAULT_LINK_BIN_NS = 10_000  # per-link counters in bins of 10 us (0 turns them off)
 EVENTS_PER_SLICE = 1 << 20
 PROGRESS_AFTER_S = 2.0
+# The engine's clock is an int64 count of picoseconds; a run whose worst case could pass 2**62 ps
+# (about 53 days) is refused before it starts rather than wrapping round.
+CLOCK_LIMIT_PS = 2**62
+
+# Memory estimate (docs/model.md, "Memory"): bytes per item, measured with tracemalloc on this
+# implementation and rounded up. Parsing a JSON trace builds Python objects of 9 to 13 times the
+# file's size; the checked nodes take about 560 B each once the parsed document is dropped.
+BASELINE_BYTES = 200 * 2**20  # the interpreter, numpy, h5py and the topology of the largest preset
+PARSE_BYTES_PER_FILE_BYTE = 16
+NODE_BYTES = 640
+OP_BYTES = 280  # lowered per-op arrays, engine state, timeline rows and the op's name
+EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
+MESSAGE_BYTES = 400  # lowered and engine per-message arrays, the lists they are built from
+LINK_BYTES = 200  # topology, fabric and engine per-link arrays, VOQ heads and tails
+PACKET_BYTES = 48  # one live packet in the engine's pool
+TRAFFIC_BYTES = 4  # per packet: the binned link counters, which grow with the traffic
+EVENT_BYTES = 32  # one pending event in the native heap or FIFO (time, seq, kind, two ids)
+# The pure-Python reference holds the same state in lists of Python ints and tuples.
+REFERENCE_FACTOR = 3
+
+
+class MemoryLimitError(CmemuError):
+    """A run would need more memory than --max-memory allows."""
+
+
+def parse_memory_size(text: str) -> int:
+    """Bytes from a size such as ``2GB``, ``512MiB``, ``1.5 GiB`` or ``1000000`` (bytes).
+
+    Decimal (kB, MB, GB, TB) and binary (KiB, MiB, GiB, TiB) units; a lower-case ``b`` would
+    mean bits, which cmemu never uses for memory, so it is refused.
+    """
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    s = str(text).strip()
+    num = s.rstrip("bBkKmMgGtTiI ")
+    unit = s[len(num):].strip()
+    if unit.endswith("b"):
+        raise ValueError(f"{text!r}: 'b' means bits; write memory sizes in bytes, e.g. 2GB or 512MiB")
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit.upper() not in units or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{text!r} is not a memory size; write e.g. 2GB, 512MiB or 1000000 (bytes)")
+    return int(value * units[unit.upper()])
+
+
+def default_memory_limit() -> int:
+    """Three quarters of physical memory, or of the cgroup's limit when that is lower."""
+    try:
+        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        limit = 8 * 2**30
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = min(limit, int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return limit * 3 // 4
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a run will hold at its peak, in bytes, by part (docs/model.md, "Memory")."""
+
+    trace_bytes: int
+    arrays_bytes: int
+    event_queue_bytes: int
+    ops: int
+    messages: int
+    packets: int
+    live_packets: int
+
+    @property
+    def total_bytes(self) -> int:
+        return BASELINE_BYTES + self.trace_bytes + self.arrays_bytes + self.event_queue_bytes
+
+    def describe(self) -> str:
+        return (f"{self.ops:,} ops, {self.messages:,} messages ({self.packets:,} packets, at most "
+                f"{self.live_packets:,} in flight) need about {format_bytes(self.total_bytes)} "
+                f"(trace {format_bytes(self.trace_bytes)}, arrays and timeline "
+                f"{format_bytes(self.arrays_bytes)}, event queue {format_bytes(self.event_queue_bytes)})")
+
+
+def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimate:
+    """Peak memory of replaying a loaded trace, from its counts of ops, dependencies and messages.
+
+    Packets do not scale it: the engine makes them as it injects them, and each endpoint has at
+    most ``ub.max_outstanding_packets`` in flight. Every op, message, link, endpoint and packet
+    in flight can have one event pending at once, and the queue's storage grows by doubling.
+    The binned link counters grow with the traffic and the simulated time: a few bytes per
+    packet stand for them.
+    """
+    spec = topo.spec
+    ops = len(trace.nodes)
+    edges = messages = packets = 0
+    mtu = {"ub": spec.ub.transport_mtu_byte, "rdma": spec.rdma.mtu_byte}
+    for node in trace.nodes:
+        edges += len(node.data_deps) + len(node.ctrl_deps) + 1
+        if node.type == "COMM_SEND":
+            messages += 1
+            size = node.attrs["comm_size"]
+            packets += max(1, -(-size // mtu[node.attrs.get("cmemu.plane", "ub")]))
+    live = min(packets, topo.num_endpoints * spec.ub.max_outstanding_packets)
+    arrays = (ops * OP_BYTES + edges * EDGE_BYTES + messages * MESSAGE_BYTES
+              + topo.num_links * LINK_BYTES + 2 * live * PACKET_BYTES + packets * TRAFFIC_BYTES)
+    queue = 2 * (ops + messages + live + topo.num_links + topo.num_endpoints) * EVENT_BYTES
+    if not native:
+        arrays *= REFERENCE_FACTOR
+        queue *= REFERENCE_FACTOR
+    return MemoryEstimate(ops * NODE_BYTES, arrays, queue, ops, messages, packets, live)
+
+
+def check_clock_range(lowered: Lowered, fabric) -> None:
+    """Refuse a run whose simulated time could overflow the engine's clock.
+
+    The end of a run is a chain of activities (op durations, HBM accesses, packet hops), each
+    counted once, so the sum of them all bounds it. Float arithmetic: only the order matters.
+    """
+    L, F = lowered, fabric
+    total = float(L.op_dur_ps.sum(dtype=np.float64)) + float(L.op_lat_ps.sum(dtype=np.float64))
+    if L.num_messages:
+        mtu = F.path_mtu_byte[L.msg_path].astype(np.float64)
+        packets = np.maximum(1.0, np.ceil(L.msg_bytes / mtu))
+        wire = L.msg_bytes + packets * float(F.path_header_byte.max() + F.path_flit_byte.max())
+        hops = 2 * 4  # a read's request and response, at most four links each
+        slowest = float(F.link_rate_byte_per_s.min())
+        total += hops * float(wire.sum()) * 1e12 / slowest
+        per_packet = hops * float(F.link_latency_ps.max()) + float(F.ep_issue_ps.max())
+        per_packet += float(F.ep_write_latency_ps.max() + F.ep_read_latency_ps.max())
+        total += float(packets.sum()) * per_packet + L.num_messages * float(F.ep_startup_ps.max())
+    if total > CLOCK_LIMIT_PS:
+        raise SimulationError(
+            f"the trace's ops and transfers add up to {total / 86400e12:,.0f} days of simulated "
+            "time in the worst case, beyond what the engine's clock holds (2**62 ps, about 53 days)"
+        )
 
 
 @dataclass
@@ -45,6 +193,9 @@ class RunResult:
     # (schema.LINK_SERIES_FIELDS), written to /links/binned.
     tasks: dict | None = None
     link_series: dict | None = None
+    msg_packets: np.ndarray | None = None  # int64 [msgs]: packets each message was cut into
+    msg_delivered_ps: np.ndarray | None = None  # int64 [msgs]: when its last byte was in memory
+    packets_sent: int = 0  # packet transmissions, one per packet per link
 
     @property
     def sim_end_ps(self) -> int:
@@ -85,18 +236,40 @@ def resolve_system(trace_system: str | None, system: str | None, overrides=()) -
     return load_system(system or trace_system or DEFAULT_SYSTEM, overrides)
 
 
-def simulate(lowered: Lowered, native: bool = True, progress: Progress | None = None):
-    """Run the engine to the end; raise SimulationError if ops stay blocked or time ran back."""
-    engine = make_engine(lowered, native=native)
-    while not engine.run(EVENTS_PER_SLICE):
+def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress | None = None,
+             queue_limit_bytes: int | None = None, bin_ps: int = 0):
+    """Run the engine to the end; raise SimulationError if ops stay blocked or time ran back.
+
+    The engine runs in slices of EVENTS_PER_SLICE events. Between slices: progress, and the
+    event queue's high-water mark against ``queue_limit_bytes`` (MemoryLimitError above it).
+    A KeyboardInterrupt lands between slices (the native loop holds no Python frame); the
+    progress line is closed and the interrupt goes on to the caller.
+    """
+    engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps)
+    per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
+    try:
+        while not engine.run(EVENTS_PER_SLICE):
+            if progress is not None:
+                progress.update(engine)
+            # Storage grows by doubling, so it can hold twice the high-water mark.
+            if queue_limit_bytes is not None and 2 * engine.max_pending * per_event > queue_limit_bytes:
+                raise MemoryLimitError(
+                    f"the event queue grew to {engine.max_pending:,} pending events "
+                    f"(about {format_bytes(2 * engine.max_pending * per_event)}), more than the "
+                    f"{format_bytes(queue_limit_bytes)} the memory limit leaves it; "
+                    "raise --max-memory or split the trace"
+                )
+    finally:
         if progress is not None:
-            progress.update(engine)
-    if progress is not None:
-        progress.close()
+            progress.close()
     if engine.past_event:
         raise SimulationError("internal invariant broken: an event was scheduled in the past")
     if engine.ops_done != lowered.num_ops:
         raise SimulationError(describe_blocked(lowered, engine))
+    if engine.packets_live != 0:
+        raise SimulationError(f"internal invariant broken: {engine.packets_live} packets never reached their end")
+    if not np.array_equal(engine.credit_bytes, np.repeat(fabric.link_credit_byte[:, None], 2, axis=1)):
+        raise SimulationError("internal invariant broken: link credits did not all return")
     return engine
 
 
@@ -109,6 +282,9 @@ def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
     lines = []
 
     def label(i):
+        if i >= lowered.num_trace_ops:
+            parent = int(lowered.op_parent[i])
+            return f"an internal op of {label(parent)}" if parent >= 0 else f"internal op {i}"
         return (
             f"node {lowered.op_node_id[i]} '{lowered.op_name[i]}' "
             f"({OP_TYPES[lowered.op_type[i]]}, rank {lowered.op_rank[i]}, stream {lowered.op_stream[i]})"
@@ -143,10 +319,16 @@ def run_trace(
     output=None,
     native: bool = True,
     progress: bool | Progress = True,
+    max_memory_bytes: int | None = None,
     compression: str = "gzip",
     detail: str = "tasks",
+    link_bin_ns: float = DEFAULT_LINK_BIN_NS,
 ) -> RunResult:
-    """Replay a trace file; write the HDF5 timeline to ``output`` when it is given."""
+    """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
+
+    ``max_memory_bytes`` (default: ``default_memory_limit()``) bounds the run: a run whose
+    estimate (``estimate_memory``) is above it fails with MemoryLimitError before it starts.
+    """
     from cmemu.trace import load_trace, read_trace
 
     t0 = time.perf_counter()
@@ -155,16 +337,29 @@ def run_trace(
 
         check_detail(detail)  # before the run: an unwritable detail level should not cost a run
         check_compression(compression)
+    limit = default_memory_limit() if max_memory_bytes is None else int(max_memory_bytes)
     trace_path = Path(trace_path)
+    _check_file_size(trace_path, limit)
     read = read_trace(trace_path)
     header_system = read[0].get("system") if isinstance(read[0], dict) else None
     spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
     topo = build_topology(spec)
     trace = load_trace(trace_path, num_ranks=spec.dies, read=read)
+    del read  # the parsed document: the checked nodes hold all the run needs
+    need = estimate_memory(trace, topo, native=native)
+    if need.total_bytes > limit:
+        raise MemoryLimitError(
+            f"{trace_path}: {need.describe()}, more than the memory limit of {format_bytes(limit)}; "
+            "raise --max-memory or split the trace"
+        )
     lowered = lower(trace, topo)
+    fabric = build_fabric(topo)
+    check_clock_range(lowered, fabric)
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
-    engine = simulate(lowered, native=native, progress=prog)
-    result = RunResult(
+    queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
+    bin_ps = ns_to_ps(link_bin_ns) if link_bin_ns else 0
+    engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps)
+    full = RunResult(
         spec=spec,
         topology=topo,
         trace=trace,
@@ -177,14 +372,56 @@ def run_trace(
         max_pending_events=int(engine.max_pending),
         wall_time_s=0.0,
         native=native,
+        link_series=engine.link_series() if bin_ps else None,
+        msg_packets=np.asarray(engine.msg_packets, dtype=np.int64),
+        msg_delivered_ps=np.asarray(engine.msg_delivered_ps),
+        packets_sent=int(engine.packets_sent),
     )
-    check_invariants(result)
+    check_invariants(full)
+    result = trace_result(full)
     result.wall_time_s = time.perf_counter() - t0
     if output is not None:
         from cmemu.output.hdf5 import write_timeline
 
         write_timeline(output, result, compression=compression, detail=detail)
     return result
+
+
+def _check_file_size(path: Path, limit: int) -> None:
+    """Refuse, before reading it, a trace whose parsed form alone would pass the limit."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return  # read_trace reports a missing or unreadable file
+    need = BASELINE_BYTES + size * PARSE_BYTES_PER_FILE_BYTE
+    if need > limit:
+        raise MemoryLimitError(
+            f"{path}: reading this {format_bytes(size)} trace needs about {format_bytes(need)}, "
+            f"more than the limit of {format_bytes(limit)}; raise --max-memory or split the trace"
+        )
+
+
+def trace_result(full: RunResult) -> RunResult:
+    """What a user sees of a run: the trace's own ops (a collective's node spans from its entry
+    to its exit) and the messages between them; the ops a lowering added become tasks."""
+    import dataclasses
+
+    L = full.lowered
+    nt = L.num_trace_ops
+    start = full.op_start_ps.copy()
+    spans = np.flatnonzero(L.op_report_start >= 0)
+    start[spans] = full.op_start_ps[L.op_report_start[spans]]
+    view, keep = L.trace_view()
+    tasks = full.tasks
+    inner = np.flatnonzero(L.op_lane[nt:] >= 0) + nt
+    if inner.size:
+        tasks = {"die": L.op_rank[inner].astype(np.int32), "pipe": L.op_lane[inner].astype(np.uint8),
+                 "op": L.op_parent[inner].astype(np.int32), "start_ps": full.op_start_ps[inner],
+                 "end_ps": full.op_end_ps[inner], "bytes": L.op_bytes[inner]}
+    return dataclasses.replace(
+        full, lowered=view, op_start_ps=start[:nt], op_end_ps=full.op_end_ps[:nt], tasks=tasks,
+        msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],
+    )
 
 
 def check_invariants(result: RunResult) -> None:
@@ -201,6 +438,5 @@ def check_invariants(result: RunResult) -> None:
             f"internal invariant broken: node {L.op_node_id[j]} started before its dependency "
             f"node {L.op_node_id[i]} ended"
         )
-    sent = np.bincount(L.chunk_msg, weights=L.chunk_bytes, minlength=L.num_messages)
-    if L.num_messages and not np.array_equal(sent.astype(np.int64), L.msg_bytes):
-        raise SimulationError("internal invariant broken: packet bytes differ from message bytes")
+    if L.num_messages and np.any(result.msg_delivered_ps < 0):
+        raise SimulationError("internal invariant broken: a message was never delivered")

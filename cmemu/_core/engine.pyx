@@ -142,6 +142,16 @@ cdef class Engine:
     cdef int64_t[::1] op_start
     cdef int64_t[::1] op_end
     cdef int64_t[::1] res_free
+    # Cores: an op holds op_aic AIC and op_aiv AIV cores of its die while it runs; ops that do
+    # not fit wait in their die's FIFO.
+    cdef const int32_t[::1] op_aic
+    cdef const int32_t[::1] op_aiv
+    cdef const int32_t[::1] op_die
+    cdef int32_t[::1] free_aic
+    cdef int32_t[::1] free_aiv
+    cdef int32_t[::1] core_qhead
+    cdef int32_t[::1] core_qtail
+    cdef int32_t[::1] op_qnext
     # Messages.
     cdef const int32_t[::1] msg_src
     cdef const int32_t[::1] msg_dst
@@ -241,6 +251,14 @@ cdef class Engine:
         self.op_start = self.op_start_ps
         self.op_end = self.op_end_ps
         self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
+        self.op_aic = L.op_aic
+        self.op_aiv = L.op_aiv
+        self.op_die = L.op_rank
+        self.free_aic = L.die_aic_cores.copy()
+        self.free_aiv = L.die_aiv_cores.copy()
+        self.core_qhead = np.full(L.die_aic_cores.shape[0], -1, dtype=np.int32)
+        self.core_qtail = np.full(L.die_aic_cores.shape[0], -1, dtype=np.int32)
+        self.op_qnext = np.full(self.n_ops, -1, dtype=np.int32)
 
         n_msgs = L.msg_src.shape[0]
         self.msg_src = L.msg_src
@@ -668,6 +686,23 @@ cdef class Engine:
 
     # -- handlers --------------------------------------------------------------------------
     cdef int on_op_ready(self, int32_t op) except -1:
+        """Dependencies done: start now if the op's cores are free and nobody waits before it."""
+        cdef int32_t die
+        if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
+            die = self.op_die[op]
+            if self.core_qhead[die] >= 0 or self.free_aic[die] < self.op_aic[op] or self.free_aiv[die] < self.op_aiv[op]:
+                self.op_qnext[op] = -1
+                if self.core_qtail[die] < 0:
+                    self.core_qhead[die] = op
+                else:
+                    self.op_qnext[self.core_qtail[die]] = op
+                self.core_qtail[die] = op
+                return 0
+            self.free_aic[die] -= self.op_aic[op]
+            self.free_aiv[die] -= self.op_aiv[op]
+        return self.start_op(op)
+
+    cdef int start_op(self, int32_t op) except -1:
         cdef int64_t t = self.now, start
         cdef int32_t msg, r
         cdef uint8_t kind = self.op_kind[op]
@@ -855,9 +890,24 @@ cdef class Engine:
 
     cdef int on_op_done(self, int32_t op) except -1:
         cdef int64_t s
-        cdef int32_t nxt
+        cdef int32_t nxt, die, w
         self.op_end[op] = self.now
         self.ops_done += 1
+        if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
+            # Give the cores back, then start waiting ops in order while the first one fits.
+            die = self.op_die[op]
+            self.free_aic[die] += self.op_aic[op]
+            self.free_aiv[die] += self.op_aiv[op]
+            while self.core_qhead[die] >= 0:
+                w = self.core_qhead[die]
+                if self.free_aic[die] < self.op_aic[w] or self.free_aiv[die] < self.op_aiv[w]:
+                    break
+                self.core_qhead[die] = self.op_qnext[w]
+                if self.core_qhead[die] < 0:
+                    self.core_qtail[die] = -1
+                self.free_aic[die] -= self.op_aic[w]
+                self.free_aiv[die] -= self.op_aiv[w]
+                self.start_op(w)
         for s in range(self.succ_ptr[op], self.succ_ptr[op + 1]):
             nxt = self.succ_idx[s]
             self.pending_deps[nxt] -= 1

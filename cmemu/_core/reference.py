@@ -52,6 +52,12 @@ class Engine:
         self.op_start = [-1] * self.n_ops
         self.op_end = [-1] * self.n_ops
         self.res_free = [0] * max(int(L.n_resources), 1)
+        self.op_aic = L.op_aic.tolist()
+        self.op_aiv = L.op_aiv.tolist()
+        self.op_die = L.op_rank.tolist()
+        self.free_aic = L.die_aic_cores.tolist()
+        self.free_aiv = L.die_aiv_cores.tolist()
+        self.core_wait = [[] for _ in range(len(self.free_aic))]  # FIFO of waiting ops per die
 
         n_msgs = int(L.msg_src.shape[0])
         self.msg_src = L.msg_src.tolist()
@@ -290,6 +296,16 @@ class Engine:
 
     # -- handlers --------------------------------------------------------------------------
     def on_op_ready(self, op):
+        if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
+            die = self.op_die[op]
+            if self.core_wait[die] or self.free_aic[die] < self.op_aic[op] or self.free_aiv[die] < self.op_aiv[op]:
+                self.core_wait[die].append(op)
+                return
+            self.free_aic[die] -= self.op_aic[op]
+            self.free_aiv[die] -= self.op_aiv[op]
+        self.start_op(op)
+
+    def start_op(self, op):
         t = self.now
         kind = self.op_kind[op]
         self.op_start[op] = t
@@ -462,6 +478,16 @@ class Engine:
     def on_op_done(self, op):
         self.op_end[op] = self.now
         self.ops_done += 1
+        if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
+            die = self.op_die[op]
+            self.free_aic[die] += self.op_aic[op]
+            self.free_aiv[die] += self.op_aiv[op]
+            wait = self.core_wait[die]
+            while wait and self.free_aic[die] >= self.op_aic[wait[0]] and self.free_aiv[die] >= self.op_aiv[wait[0]]:
+                w = wait.pop(0)
+                self.free_aic[die] -= self.op_aic[w]
+                self.free_aiv[die] -= self.op_aiv[w]
+                self.start_op(w)
         for s in range(self.succ_ptr[op], self.succ_ptr[op + 1]):
             nxt = self.succ_idx[s]
             self.pending_deps[nxt] -= 1

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cmemu.lower.builder import OpBuilder
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.compute import comp_duration_ps
 from cmemu.lower.memory import hbm_latency_ps, hbm_service_ps
@@ -18,7 +19,7 @@ from cmemu.topology import Topology
 OP_KIND_COMP, OP_KIND_SEND, OP_KIND_RECV, OP_KIND_MEM = range(4)
 
 # Trace node types as stored in the timeline (an HDF5 enum with these values).
-OP_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE")
+OP_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL")
 OP_TYPE_CODE = {name: i for i, name in enumerate(OP_TYPES)}
 _KIND_OF_TYPE = {
     "COMP": OP_KIND_COMP,
@@ -26,6 +27,7 @@ _KIND_OF_TYPE = {
     "COMM_RECV": OP_KIND_RECV,
     "MEM_LOAD": OP_KIND_MEM,
     "MEM_STORE": OP_KIND_MEM,
+    "COMM_COLL": OP_KIND_COMP,  # the collective's exit: it ends when its internal ops have
 }
 
 
@@ -40,6 +42,10 @@ class Lowered:
     op_res: np.ndarray  # int32 [ops]: MEM server (die), else -1
     op_msg: np.ndarray  # int32 [ops]: message of a SEND/RECV, else -1
     op_npred: np.ndarray  # int32 [ops]
+    op_aic: np.ndarray  # int32 [ops]: AIC cores the op holds while it runs
+    op_aiv: np.ndarray  # int32 [ops]: AIV cores the op holds while it runs
+    die_aic_cores: np.ndarray  # int32 [dies]: AIC cores of each die
+    die_aiv_cores: np.ndarray  # int32 [dies]
     succ_ptr: np.ndarray  # int64 [ops + 1]
     succ_idx: np.ndarray  # int32 [edges]
     msg_src: np.ndarray  # int32 [msgs]: endpoint the data leaves
@@ -57,11 +63,47 @@ class Lowered:
     op_rank: np.ndarray  # int32 [ops]
     op_stream: np.ndarray  # int32 [ops]
     op_bytes: np.ndarray  # int64 [ops]
-    op_name: list
+    op_name: list  # names of the trace ops (the first num_trace_ops ops)
+    op_parent: np.ndarray  # int32 [ops]: the trace op an internal op belongs to, else -1
+    op_lane: np.ndarray  # int8 [ops]: pipe/engine of an internal op (output.schema.PIPE_NAMES), else -1
+    op_report_start: np.ndarray  # int32 [ops]: op whose start is this trace op's start, else -1
+    num_trace_ops: int
 
     @property
     def num_ops(self) -> int:
         return int(self.op_kind.shape[0])
+
+    def trace_view(self) -> tuple["Lowered", np.ndarray]:
+        """The same, cut down to the trace's own ops and the messages between them (what the
+        timeline's /ops and /messages hold); also returns the mask of kept messages."""
+        import dataclasses
+
+        nt = self.num_trace_ops
+        if nt == self.num_ops:
+            return self, np.ones(self.num_messages, dtype=bool)
+        keep = (self.msg_send_op >= 0) & (self.msg_send_op < nt) & (self.msg_recv_op >= 0) & (self.msg_recv_op < nt)
+        cut = {f.name: getattr(self, f.name)[:nt] for f in dataclasses.fields(self)
+               if f.name.startswith("op_") and f.name != "op_name"}
+        cut.update({f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self) if f.name.startswith("msg_")})
+        inner = self.succ_idx < nt
+        src = np.repeat(np.arange(self.num_ops), np.diff(self.succ_ptr))
+        keep_edge = inner & (src < nt)
+        succ_ptr = np.zeros(nt + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src[keep_edge], minlength=nt), out=succ_ptr[1:])
+        cut["op_npred"] = np.bincount(self.succ_idx[keep_edge], minlength=nt).astype(np.int32)
+        if keep.size:
+            new_id = np.cumsum(keep) - 1
+            om = np.maximum(self.op_msg[:nt], 0)
+            cut["op_msg"] = np.where((self.op_msg[:nt] >= 0) & keep[om], new_id[om], -1).astype(np.int32)
+        view = dataclasses.replace(self, succ_ptr=succ_ptr, succ_idx=self.succ_idx[keep_edge], **cut)
+        return view, keep
+
+    def name_of(self, i: int) -> str:
+        """A trace op's name, or for an internal op its parent's name and its index."""
+        if i < self.num_trace_ops:
+            return self.op_name[i]
+        parent = int(self.op_parent[i])
+        return f"{self.op_name[parent]}/op{i}" if parent >= 0 else f"op{i}"
 
     @property
     def num_messages(self) -> int:
@@ -73,11 +115,31 @@ def _op_bytes(node) -> int:
     a = node.attrs
     if node.type in ("COMM_SEND", "COMM_RECV"):
         return int(a["comm_size"])
+    if node.type == "COMM_COLL":
+        return int(a.get("comm_size", 0))
     return int(a.get("tensor_size", 0))
+
+
+def comp_cores(node, die) -> tuple[int, int]:
+    """(AIC, AIV) cores a COMP holds while it runs. A COMP given only a duration holds none
+    unless it names ``cmemu.cores``; MLA ops hold two AIV per AIC (their softmax side)."""
+    from cmemu.die.ops import op_unit
+
+    attrs = node.attrs
+    op = attrs.get("cmemu.op")
+    if "cmemu.duration_ns" in attrs and "cmemu.cores" not in attrs:
+        return 0, 0
+    unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
+    total = die.aic_cores if unit == "aic" else die.aiv_cores
+    cores = attrs.get("cmemu.cores", total)
+    if op in ("mla_decode", "mla_prefill"):
+        return cores, 2 * cores
+    return (cores, 0) if unit == "aic" else (0, cores)
 
 
 def lower(trace, topo: Topology) -> Lowered:
     """Lower a validated trace (``cmemu.trace.Trace``) onto a topology."""
+    from cmemu.lower.collectives import collective_instances, lower_collective
     from cmemu.trace import match_messages, stream_predecessors
 
     die = topo.spec.die
@@ -88,7 +150,8 @@ def lower(trace, topo: Topology) -> Lowered:
     dur = np.zeros(n, dtype=np.int64)
     lat = np.zeros(n, dtype=np.int64)
     res = np.full(n, -1, dtype=np.int32)
-    msg_of = np.full(n, -1, dtype=np.int32)
+    aic = np.zeros(n, dtype=np.int32)
+    aiv = np.zeros(n, dtype=np.int32)
     op_type = np.empty(n, dtype=np.uint8)
     rank = np.empty(n, dtype=np.int32)
     stream = np.empty(n, dtype=np.int32)
@@ -106,99 +169,67 @@ def lower(trace, topo: Topology) -> Lowered:
         names.append(node.name)
         if node.type == "COMP":
             dur[i] = comp_duration_ps(node, die, trace.path)
+            aic[i], aiv[i] = comp_cores(node, die)
         elif kind[i] == OP_KIND_MEM:
             dur[i] = hbm_service_ps(nbytes[i], die, store=node.type == "MEM_STORE")
             lat[i] = mem_latency[node.type == "MEM_STORE"]
             res[i] = node.rank  # one HBM server per die
 
-    messages = MessageTable()
+    b = OpBuilder()
+    b.names = names
+    b.ops(n, kind=kind, dur=dur, lat=lat, res=res, aic=aic, aiv=aiv, rank=rank, stream=stream,
+          node_id=node_id, type=op_type, nbytes=nbytes)
     for send_id, recv_id in match_messages(trace):
         s, r = index[send_id], index[recv_id]
         send = nodes[s]
-        m = messages.add(
-            topo,
-            src=send.rank,
-            dst=nodes[r].rank,
-            nbytes=int(send.attrs["comm_size"]),
-            plane=send.attrs.get("cmemu.plane", "ub"),
-            send_op=s,
-            recv_op=r,
-        )
-        msg_of[s] = msg_of[r] = m
+        b.messages_between(topo, send.rank, nodes[r].rank, int(send.attrs["comm_size"]), s, r,
+                           plane=send.attrs.get("cmemu.plane", "ub"))
 
-    # Edges pred -> succ: data deps, control deps and stream order, without duplicates.
+    # A collective's node is its exit; its dependencies lead to an entry op instead.
+    entry = {}
+    for members in collective_instances(trace):
+        entry.update(lower_collective(b, topo, trace, [index[m] for m in members]))
+
+    # Edges pred -> succ: data deps, control deps and stream order.
     preds = stream_predecessors(trace)
     src_list, dst_list = [], []
     for i, node in enumerate(nodes):
-        deps = set(node.data_deps)
-        deps.update(node.ctrl_deps)
+        to = entry.get(i, i)
+        for d in node.data_deps:
+            src_list.append(index[d])
+            dst_list.append(to)
+        for d in node.ctrl_deps:
+            src_list.append(index[d])
+            dst_list.append(to)
         prev = preds.get(node.id)
         if prev is not None:
-            deps.add(prev)
-        for d in deps:
-            src_list.append(index[d])
-            dst_list.append(i)
-    src_arr = np.asarray(src_list, dtype=np.int64)
-    dst_arr = np.asarray(dst_list, dtype=np.int32)
-    order = np.lexsort((dst_arr, src_arr))
-    succ_idx = dst_arr[order].astype(np.int32)
-    counts = np.bincount(src_arr, minlength=n) if n else np.zeros(0, dtype=np.int64)
-    succ_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=succ_ptr[1:])
-    npred = np.bincount(dst_arr, minlength=n).astype(np.int32) if n else np.zeros(0, dtype=np.int32)
-
-    return Lowered(
-        op_kind=kind,
-        op_dur_ps=dur,
-        op_lat_ps=lat,
-        op_res=res,
-        op_msg=msg_of,
-        op_npred=npred,
-        succ_ptr=succ_ptr,
-        succ_idx=succ_idx,
-        **messages.arrays(),
-        n_resources=topo.num_dies,
-        op_node_id=node_id,
-        op_type=op_type,
-        op_rank=rank,
-        op_stream=stream,
-        op_bytes=nbytes,
-        op_name=names,
-    )
+            src_list.append(index[prev])
+            dst_list.append(to)
+    b.edges(src_list, dst_list)
+    dies = topo.num_dies
+    return b.build(dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores), num_trace_ops=n)
 
 
 def lowered_from_parts(kind, dur, succ_src, succ_dst, messages: MessageTable | None, op_msg=None, rank=None) -> Lowered:
     """Engine input built directly, without a trace: for scenarios, benchmarks and tests.
 
     ``kind`` and ``dur`` per op (OP_KIND_*, picoseconds), dependency edges ``succ_src`` ->
-    ``succ_dst`` (op indices), and the messages the SEND/RECV ops carry (``op_msg``).
+    ``succ_dst`` (op indices), and the messages the SEND/RECV ops carry (``op_msg``). The ops
+    hold no cores.
     """
     n = len(kind)
-    src = np.asarray(succ_src, dtype=np.int64)
-    dst = np.asarray(succ_dst, dtype=np.int32)
-    order = np.lexsort((dst, src))
-    succ_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-    m = messages or MessageTable()
     kind = np.asarray(kind, dtype=np.uint8)
     type_of_kind = np.zeros(4, dtype=np.uint8)
     type_of_kind[[OP_KIND_COMP, OP_KIND_SEND, OP_KIND_RECV]] = [
         OP_TYPE_CODE["COMP"], OP_TYPE_CODE["COMM_SEND"], OP_TYPE_CODE["COMM_RECV"]]
-    return Lowered(
-        op_kind=kind,
-        op_dur_ps=np.asarray(dur, dtype=np.int64),
-        op_lat_ps=np.zeros(n, dtype=np.int64),
-        op_res=np.full(n, -1, dtype=np.int32),
-        op_msg=np.asarray(op_msg if op_msg is not None else np.full(n, -1), dtype=np.int32),
-        op_npred=np.bincount(dst, minlength=n).astype(np.int32),
-        succ_ptr=succ_ptr,
-        succ_idx=dst[order].astype(np.int32),
-        **m.arrays(),
-        n_resources=1,
-        op_node_id=np.arange(n, dtype=np.int64),
-        op_type=type_of_kind[kind],
-        op_rank=np.asarray(rank if rank is not None else np.zeros(n), dtype=np.int32),
-        op_stream=np.zeros(n, dtype=np.int32),
-        op_bytes=np.zeros(n, dtype=np.int64),
-        op_name=[f"op{i}" for i in range(n)],
-    )
+    rank = np.asarray(rank if rank is not None else np.zeros(n), dtype=np.int32)
+    b = OpBuilder()
+    b.names = [f"op{i}" for i in range(n)]
+    b.ops(n, kind=kind, dur=np.asarray(dur, dtype=np.int64), rank=rank, stream=0,
+          node_id=np.arange(n), type=type_of_kind[kind],
+          msg=np.asarray(op_msg if op_msg is not None else np.full(n, -1), dtype=np.int32))
+    if messages is not None:
+        b.messages = messages
+    b.edges(succ_src, succ_dst)
+    dies = int(rank.max()) + 1 if n else 1
+    return b.build(1, np.zeros(dies), np.zeros(dies), num_trace_ops=n)

@@ -1,8 +1,11 @@
-"""MEM_LOAD / MEM_STORE: the HBM stand-in (issue 4 replaces it with stacks and channels).
+"""MEM_LOAD / MEM_STORE: transfers between a die's HBM and the chip, timed by the HBM model.
 
-Each die's HBM is one FIFO server: an access occupies it for ``tensor_size`` bytes at the die's
-HBM rate, then completes after the read (load) or write (store) latency. Not modelled: banks,
-rows, refresh, the L2 cache, sharing bandwidth between concurrent accesses (they queue).
+Each die's HBM is one FIFO server in the engine (concurrent MEM ops queue, they do not share
+bandwidth). A transfer occupies it for ``tensor_size`` bytes at the bandwidth the HBM model
+(cmemu/die/hbm.py: pseudo-channels, banks, rows, turnaround, refresh) achieves for a sequential
+read (load) or write (store) stream, and ends one access latency later (347 cycles read, 203
+write [CYC]: what a core sees for its first burst). COMP ops' own HBM traffic does not contend
+with MEM ops (not modelled yet).
 """
 from __future__ import annotations
 
@@ -11,8 +14,19 @@ import math
 from cmemu.spec.model import DieSpec
 
 
-def hbm_service_ps(nbytes: int, die: DieSpec) -> int:
-    return int(math.ceil(nbytes * 1e12 / (die.hbm_bandwidth_gbyte_per_s * 1e9)))
+def hbm_bandwidth_byte_per_s(die: DieSpec, store: bool = False) -> float:
+    """Achieved streaming bandwidth of the die's HBM (sequential, 512 B granules)."""
+    from cmemu.die.model import DieModel
+
+    m = DieModel.of(die)
+    per_cycle = m.hbm_write_byte_per_cycle if store else m.hbm_read_byte_per_cycle
+    return per_cycle * die.ai_core_clock_mhz * 1e6
+
+
+def hbm_service_ps(nbytes: int, die: DieSpec, store: bool = False) -> int:
+    if nbytes <= 0:
+        return 0
+    return int(math.ceil(nbytes * 1e12 / hbm_bandwidth_byte_per_s(die, store)))
 
 
 def hbm_latency_ps(die: DieSpec, store: bool) -> int:

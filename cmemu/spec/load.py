@@ -14,9 +14,9 @@ import typing
 from importlib import resources
 
 from cmemu.errors import SpecError
-from cmemu.spec.model import D2DSpec, DieSpec, RDMASpec, SystemSpec, UBSpec
+from cmemu.spec.model import CommSpec, D2DSpec, DieSpec, RDMASpec, SystemSpec, UBSpec
 
-_SECTIONS = {"die": DieSpec, "ub": UBSpec, "d2d": D2DSpec, "rdma": RDMASpec}
+_SECTIONS = {"die": DieSpec, "ub": UBSpec, "d2d": D2DSpec, "rdma": RDMASpec, "comm": CommSpec}
 _META_KEYS = {"name", "description", "extends", "die_preset", "kind"}
 
 

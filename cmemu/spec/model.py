@@ -106,6 +106,21 @@ class RDMASpec:
 
 
 @dataclass(frozen=True)
+class CommSpec:
+    """The die's communication engines (SPEC.md 2.5): SDMA engines and AIV-Direct."""
+
+    sdma_engines: int
+    sdma_descriptor_startup_ns: float
+    sdma_engine_gbyte_per_s: float
+    flag_byte: int
+    flag_poll_interval_ns: float
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "comm")
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     """A whole supernode: nodes of NPUs (two dies each) and CPUs on one UB fabric."""
 
@@ -119,6 +134,7 @@ class SystemSpec:
     ub: UBSpec
     d2d: D2DSpec
     rdma: RDMASpec
+    comm: CommSpec
     sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
 
     def __post_init__(self):

@@ -1,0 +1,342 @@
+"""COMM_COLL: collectives and MoE dispatch/combine lowered to ops, messages and flags.
+
+Each member's COMM_COLL node becomes its *exit*: it ends when the member's part is done. An
+*entry* op takes the node's dependencies; from it the member's internal ops run, on one of two
+engines (SPEC.md 2.5):
+
+- **SDMA**: the die's ``comm.sdma_engines`` DMA engines take one descriptor per destination, in
+  turn. A descriptor costs ``comm.sdma_descriptor_startup_ns`` before its data moves, and keeps its
+  engine busy for its bytes at ``comm.sdma_engine_gbyte_per_s`` (the transfer itself is the
+  fabric's: a write message). No core is used, except for local work (quantising, reducing).
+- **AIV-Direct**: ``cmemu.cores`` vector cores (all of the die's by default) each take every
+  A-th piece of work: load it from GM into their Unified Buffer (for MoE dispatch: read the token
+  and quantise it to INT8) and write it straight into the destination's memory over UB. Each
+  load holds one AIV while it runs, so other vector work on the die waits for free cores.
+
+Completion is by flags, as the real kernels do it: when every write a member issued has been
+acknowledged (a fence), it writes a ``comm.flag_byte`` status entry to each other member; a
+member polls its own status area and sees the last flag at most ``comm.flag_poll_interval_ns``
+after it lands (taken as exactly that); then it does its local work (copying received tokens into
+expert order, a reduction, MoE combine's weighted sum) and its exit ends.
+
+Algorithms: ALL_TO_ALL, ALL_GATHER and BROADCAST write directly to every destination (the UB
+Clos gives every pair of dies a path: no ring or tree is needed); REDUCE_SCATTER writes each
+member's share to it and reduces there; ALL_REDUCE is a reduce-scatter followed by an all-gather
+of the reduced shares. MOE_DISPATCH/MOE_COMBINE follow [MC2] (SPEC.md 2.5): token-by-token writes
+of (token, expert) pairs to the die holding the expert, then the flag exchange, then the local copy
+(dispatch) or weighted sum (combine). Routing is drawn from a seeded distribution (uniform, or
+Zipf-skewed by ``cmemu.skew``) and is the same for a dispatch and the combine with the same
+attributes. Writes to one's own die are local copies and take no message.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cmemu.lower.fabric import MSG_WRITE
+from cmemu.output.schema import PIPE_CODE
+from cmemu.units import ns_to_ps
+
+OP_COMP, OP_SEND, OP_RECV = 0, 1, 2  # cmemu.lower.OP_KIND_* (no import cycle)
+SDMA, AIV = PIPE_CODE["SDMA"], PIPE_CODE["AIV_DIRECT"]
+VECTOR = PIPE_CODE["VECTOR"]
+UB_CHUNK_BYTE = 96 * 1024  # AIV-Direct moves data through half the 192 KiB UB (double buffering)
+DISPATCH_SCALE_BYTE = 4  # the per-token fp32 scale written beside the INT8 token
+DISPATCH_ALIGN_BYTE = 512  # token slots are padded to 512 B: 7,168 + 4 -> 7,680 (SPEC.md 2.5)
+
+
+def collective_instances(trace):
+    """Each collective as the list of its members' node ids, in the group's rank order."""
+    groups = trace.header.get("groups", {})
+    by = {}
+    order = []
+    for node in trace.nodes:
+        if node.type != "COMM_COLL":
+            continue
+        g = node.attrs["cmemu.group"]
+        key = (g, node.rank)
+        k = by.setdefault(key, [])
+        k.append(node.id)
+        if g not in order:
+            order.append(g)
+    out = []
+    for g in order:
+        ranks = groups[g]
+        for k in range(len(by[(g, ranks[0])])):
+            out.append([by[(g, r)][k] for r in ranks])
+    return out
+
+
+def dispatch_payload_byte(hidden: int) -> int:
+    return -(-(hidden + DISPATCH_SCALE_BYTE) // DISPATCH_ALIGN_BYTE) * DISPATCH_ALIGN_BYTE
+
+
+def moe_routing(tokens: int, top_k: int, experts: int, members: int, skew: float, seed: int) -> np.ndarray:
+    """Destination member of every (token, k) pair of every source: int array [members, tokens, top_k].
+
+    Each token picks ``top_k`` distinct experts, with probability proportional to
+    (rank of the expert + 1) ** -skew (uniform for skew 0), by the Gumbel top-k trick; expert e
+    lives on member e mod members.
+    """
+    rng = np.random.default_rng(seed)
+    logp = -skew * np.log(np.arange(1, experts + 1))
+    out = np.empty((members, tokens, top_k), dtype=np.int64)
+    for m in range(members):
+        keys = logp + rng.gumbel(size=(tokens, experts))
+        chosen = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k] if top_k < experts else \
+            np.tile(np.arange(experts), (tokens, 1))
+        out[m] = chosen % members
+    return out
+
+
+class _Ctx:
+    def __init__(self, b, topo, trace, ops):
+        self.b, self.topo, self.trace = b, topo, trace
+        self.ops = ops  # members' trace op indices, in group order
+        self.nodes = [trace.nodes[i] for i in ops]
+        self.ranks = np.array([n.rank for n in self.nodes])
+        self.attrs = self.nodes[0].attrs
+        spec = topo.spec
+        self.die, self.comm = spec.die, spec.comm
+        self.engine = self.attrs.get("cmemu.engine", "aiv" if self.attrs["comm_type"].startswith("MOE") else "sdma")
+        self.cores = self.attrs.get("cmemu.cores", spec.die.aiv_cores)
+        if self.cores > spec.die.aiv_cores:
+            from cmemu.errors import TraceError
+
+            raise TraceError(trace.path, f"{self.cores} AIV requested, the die has {spec.die.aiv_cores}",
+                             self.nodes[0].id, "cmemu.cores")
+
+    def comp(self, m, dur_ps, lane, nbytes=0, aiv=0, count=None):
+        """Internal COMP ops of member m (one, or ``count`` of them with array durations)."""
+        n = 1 if count is None else count
+        idx = self.b.ops(n, kind=OP_COMP, dur=dur_ps, rank=int(self.ranks[m]), parent=self.ops[m], lane=lane,
+                         nbytes=nbytes, aiv=aiv)
+        return int(idx[0]) if count is None else idx
+
+    def vector_ps(self, attrs) -> int:
+        from cmemu.die.ops import node_cost
+
+        return node_cost(self.die, {"cmemu.unit": "aiv", "cmemu.dtype": "bf16", **attrs}).duration_ps
+
+    def stream_ps(self, nbytes, cores) -> int:
+        """Time for ``cores`` AIVs to stream ``nbytes`` between GM and their UBs (MTE2/MTE3)."""
+        if nbytes <= 0:
+            return 0
+        return self.vector_ps({"num_ops": 0, "tensor_size": int(nbytes), "cmemu.cores": int(cores)})
+
+
+def lower_collective(b, topo, trace, ops) -> dict:
+    """Add the internal ops of one collective; returns {member's op: its entry op}."""
+    ctx = _Ctx(b, topo, trace, ops)
+    ctype = ctx.attrs["comm_type"]
+    members = len(ops)
+    entries = [ctx.comp(m, 0, -1) for m in range(members)]
+    for m, op in enumerate(ops):
+        b.report_start[op] = entries[m]
+    size = int(ctx.attrs.get("comm_size", 0))
+    exits = None
+    if ctype in ("ALL_TO_ALL", "ALL_GATHER"):
+        nbytes = np.full((members, members), size, dtype=np.int64)
+        np.fill_diagonal(nbytes, 0)
+        exits = _exchange(ctx, entries, nbytes)
+    elif ctype == "BROADCAST":
+        root = list(ctx.ranks).index(ctx.attrs.get("cmemu.root", int(ctx.ranks[0])))
+        nbytes = np.zeros((members, members), dtype=np.int64)
+        nbytes[root, :] = size
+        nbytes[root, root] = 0
+        exits = _exchange(ctx, entries, nbytes)
+    elif ctype in ("REDUCE_SCATTER", "ALL_REDUCE"):
+        share = -(-size // members)
+        nbytes = np.full((members, members), share, dtype=np.int64)
+        np.fill_diagonal(nbytes, 0)
+        # Reduce: add (members - 1) incoming shares into one's own (bf16, one add per element).
+        elems = share // 2
+        reduce_ps = ctx.vector_ps({"num_ops": (members - 1) * elems, "tensor_size": members * share,
+                                   "cmemu.cores": ctx.cores})
+        exits = _exchange(ctx, entries, nbytes, after_ps=reduce_ps, after_aiv=ctx.cores)
+        if ctype == "ALL_REDUCE":
+            exits = _exchange(ctx, exits, nbytes)
+    elif ctype == "MOE_DISPATCH":
+        exits = _moe(ctx, entries, combine=False)
+    elif ctype == "MOE_COMBINE":
+        exits = _moe(ctx, entries, combine=True)
+    else:  # the trace checker allows nothing else
+        raise ValueError(f"unknown comm_type {ctype}")
+    b.edges(exits, ops)
+    return dict(zip(ops, entries))
+
+
+def _send_writes(ctx, m, start_ops, dst_members, nbytes, lane):
+    """Write messages from member m; send ops depend on start_ops[i]. Returns the send ops."""
+    n = len(dst_members)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    sends = ctx.b.ops(n, kind=OP_SEND, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane, nbytes=nbytes)
+    ctx.b.edges(start_ops, sends)
+    ctx.b.messages_between(ctx.topo, np.full(n, ctx.ranks[m]), ctx.ranks[dst_members], nbytes, sends, -1,
+                           kind=MSG_WRITE)
+    return sends
+
+
+def _issue(ctx, m, start, dst_members, nbytes, lane_bytes=None):
+    """Issue member m's writes on its engine after op ``start``. Returns the send ops."""
+    b = ctx.b
+    if len(dst_members) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ctx.engine == "sdma":
+        engines = ctx.comm.sdma_engines
+        startup = ns_to_ps(ctx.comm.sdma_descriptor_startup_ns)
+        rate = ctx.comm.sdma_engine_gbyte_per_s * 1e9
+        n = len(dst_members)
+        desc = ctx.comp(m, startup, SDMA, count=n)
+        busy = ctx.comp(m, np.ceil(np.asarray(nbytes) * 1e12 / rate).astype(np.int64), SDMA, nbytes=nbytes, count=n)
+        b.edges(desc, busy)
+        # Descriptor j goes to engine j mod E, after that engine's previous descriptor.
+        first = np.arange(n) < engines
+        b.edges(np.full(int(first.sum()), start), desc[first])
+        b.edges(busy[:-engines] if n > engines else [], desc[engines:])
+        return _send_writes(ctx, m, desc, dst_members, nbytes, SDMA)
+    # AIV-Direct: pieces of at most UB_CHUNK_BYTE, each loaded by one AIV then written.
+    pieces_dst, pieces_bytes = [], []
+    for d, nb in zip(dst_members, nbytes):
+        k = max(1, -(-int(nb) // UB_CHUNK_BYTE))
+        pieces_dst += [d] * k
+        pieces_bytes += [UB_CHUNK_BYTE] * (k - 1) + [int(nb) - UB_CHUNK_BYTE * (k - 1)]
+    pieces_bytes = np.asarray(pieces_bytes, dtype=np.int64)
+    sizes, where = np.unique(pieces_bytes, return_inverse=True)
+    load_ps = np.array([ctx.stream_ps(int(nb), 1) for nb in sizes], dtype=np.int64)[where]
+    loads = ctx.comp(m, load_ps, AIV, nbytes=pieces_bytes, aiv=1, count=len(pieces_bytes))
+    _aiv_chains(ctx, start, loads)
+    return _send_writes(ctx, m, loads, np.asarray(pieces_dst), pieces_bytes, AIV)
+
+
+def _aiv_chains(ctx, start, work):
+    """Work item j runs on AIV j mod A, after that AIV's previous item (the first after start)."""
+    a = ctx.cores
+    n = len(work)
+    ctx.b.edges(np.full(min(a, n), start), work[:a])
+    if n > a:
+        ctx.b.edges(work[:-a], work[a:])
+
+
+def _flags_and_poll(ctx, entries, sends_of, lane):
+    """Fence each member's writes, write a flag to every other member, and poll for theirs.
+
+    Returns, per member, the op that ends when it has seen every other member's flag and its
+    own writes and flags are acknowledged."""
+    b, members = ctx.b, len(ctx.ops)
+    flag = ctx.comm.flag_byte * max(1, ctx.attrs.get("cmemu.experts", members) // members)
+    fences = [ctx.comp(m, 0, lane) for m in range(members)]
+    for m in range(members):
+        b.edges(sends_of[m], fences[m])
+        b.edges(entries[m], fences[m])
+    # Flag messages m -> every other member; the receiver's op waits for each.
+    recvs = []
+    for m in range(members):
+        recvs.append(b.ops(members - 1, kind=OP_RECV, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane,
+                           nbytes=flag))
+        b.edges(entries[m], recvs[m])
+    flag_sends = []
+    for m in range(members):
+        others = np.array([d for d in range(members) if d != m])
+        sends = b.ops(members - 1, kind=OP_SEND, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane, nbytes=flag)
+        b.edges(fences[m], sends)
+        # The flag from m is the k-th receive of destination d, k = m's place among d's others.
+        recv_ops = np.array([recvs[d][m if m < d else m - 1] for d in others])
+        b.messages_between(ctx.topo, np.full(members - 1, ctx.ranks[m]), ctx.ranks[others], flag, sends, recv_ops)
+        flag_sends.append(sends)
+    poll = ns_to_ps(ctx.comm.flag_poll_interval_ns)
+    seen = []
+    for m in range(members):
+        p = ctx.comp(m, poll, lane)
+        b.edges(recvs[m], p)
+        b.edges(flag_sends[m], p)
+        seen.append(p)
+    return seen
+
+
+def _exchange(ctx, starts, nbytes, after_ps=0, after_aiv=0):
+    """Member i writes nbytes[i, j] to member j (staggered order), then flags; returns exits."""
+    members = len(ctx.ops)
+    sends_of = []
+    for m in range(members):
+        order = [(m + k) % members for k in range(1, members)]
+        dst = np.array([d for d in order if nbytes[m, d] > 0], dtype=np.int64)
+        sends_of.append(_issue(ctx, m, starts[m], dst, nbytes[m, dst]))
+    seen = _flags_and_poll(ctx, starts, sends_of, SDMA if ctx.engine == "sdma" else AIV)
+    if not after_ps:
+        return seen
+    done = [ctx.comp(m, after_ps, VECTOR, aiv=after_aiv) for m in range(members)]
+    ctx.b.edges(seen, done)
+    return done
+
+
+def _moe(ctx, entries, combine: bool):
+    a = ctx.attrs
+    members = len(ctx.ops)
+    tokens, top_k, hidden = a["cmemu.tokens"], a["cmemu.top_k"], a["cmemu.hidden"]
+    experts = a.get("cmemu.experts", members)
+    routing = moe_routing(tokens, top_k, experts, members, float(a.get("cmemu.skew", 0.0)), a.get("cmemu.seed", 0))
+    payload = a.get("cmemu.payload_bytes", 2 * hidden if combine else dispatch_payload_byte(hidden))
+    b = ctx.b
+    sends_of = []
+    received = np.zeros(members, dtype=np.int64)
+    if not combine:
+        # Source m writes each (token, expert) pair to the expert's member.
+        for m in range(members):
+            dst = routing[m].ravel()  # pair j = token j // top_k, its (j % top_k)-th expert
+            sends_of.append(_moe_writes(ctx, m, entries[m], dst, payload, quantise=hidden, tokens=tokens))
+            received += np.bincount(dst, minlength=members) * payload
+    else:
+        # The expert's member writes each pair's output back to the token's source.
+        for m in range(members):
+            src_of_pair = np.nonzero(routing == m)[0]  # sources of the pairs member m holds
+            # Start with the next member's pairs, as for every staggered exchange: in source
+            # order every expert would first write to member 0 at once (an incast).
+            src_of_pair = src_of_pair[np.argsort((src_of_pair - m) % members, kind="stable")]
+            sends_of.append(_moe_writes(ctx, m, entries[m], src_of_pair, payload, quantise=0, tokens=0))
+        received = np.full(members, tokens * top_k * payload, dtype=np.int64)
+    seen = _flags_and_poll(ctx, entries, sends_of, SDMA if ctx.engine == "sdma" else AIV)
+    done = []
+    for m in range(members):
+        if combine:
+            # Weighted sum of each token's top_k outputs (a multiply-add per element), plus writing it.
+            work = ctx.vector_ps({"num_ops": 2 * tokens * top_k * hidden,
+                                  "tensor_size": int(received[m]) + tokens * 2 * hidden, "cmemu.cores": ctx.cores})
+        else:
+            work = ctx.stream_ps(2 * int(received[m]), ctx.cores)  # read the window, write expert order
+        op = ctx.comp(m, work, VECTOR, nbytes=int(received[m]), aiv=ctx.cores)
+        b.edges(seen[m], op)
+        done.append(op)
+    return done
+
+
+def _moe_writes(ctx, m, start, dst_of_pair, payload, quantise, tokens):
+    """Member m's pair writes (one per (token, expert) pair) on its engine; returns send ops."""
+    b = ctx.b
+    dst_of_pair = np.asarray(dst_of_pair, dtype=np.int64)
+    remote = dst_of_pair != m
+    if ctx.engine == "aiv":
+        # Per pair, one AIV loads the token into UB (and quantises it, for dispatch) and writes it.
+        if quantise:
+            per_pair = ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": 1, "cmemu.cols": quantise,
+                                      "cmemu.cores": 1})
+        else:
+            per_pair = ctx.stream_ps(payload, 1)
+        n = len(dst_of_pair)
+        loads = ctx.comp(m, per_pair, AIV, nbytes=payload, aiv=1, count=n)
+        _aiv_chains(ctx, start, loads)
+        return _send_writes(ctx, m, loads[remote], dst_of_pair[remote], np.full(int(remote.sum()), payload), AIV)
+    # SDMA: quantise (or gather) every pair into a staging buffer on the AIVs, then one
+    # descriptor per destination with all its pairs.
+    n = len(dst_of_pair)
+    stage_ps = ctx.stream_ps(2 * n * payload, ctx.cores)  # gather the pairs per destination
+    if quantise and tokens:
+        stage_ps += ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": tokens, "cmemu.cols": quantise,
+                                   "cmemu.cores": ctx.cores})
+    stage = ctx.comp(m, stage_ps, VECTOR, nbytes=n * payload, aiv=ctx.cores)
+    b.edges(start, stage)
+    counts = np.bincount(dst_of_pair[remote], minlength=len(ctx.ops))
+    members = len(ctx.ops)
+    order = np.array([(m + k) % members for k in range(1, members)])
+    dst = order[counts[order] > 0]
+    return _issue(ctx, m, stage, dst, counts[dst] * payload)
