@@ -1,0 +1,152 @@
+"""Multi-head latent attention (MLA, DeepSeek-V3 [DSV3]) on one die: decode in the absorbed form
+and prefill in the plain form, each as its phases run back to back on the op's cores.
+
+Decode (absorbed; per step, ``tokens`` queries each attending to ``kv_len`` cached positions):
+  prologue (MLAProlog): RMSNorm(x) -> q_a projection -> RMSNorm -> q_b projection (heads x
+  (nope + rope)); kv_a projection -> RMSNorm of the latent; RoPE on q_pe and k_pe; absorb W_uk
+  into q (per head nope x kv_lora);
+  attention: per token, all heads at once against the compressed cache (kv_lora + rope values
+  per position, K and V the same latent), flash-style in KV blocks (kernels.attention_cost);
+  epilogue: W_uv per head (kv_lora -> v_head). The output projection is a separate op (gemm).
+Prefill (not absorbed; one sequence of ``tokens``, causal): the same projections, kv_b
+  projection to per-head K (nope) and V, RoPE, then attention per head in query blocks of 128
+  rows against the KV blocks at or before them.
+
+Projections run as int8 GEMMs with bf16 output (SPEC.md 2.8: everything large is INT8); the
+attention matmuls in the op's dtype (bf16 default). Left out: the KV cache write of the new
+token, MTP, split-KV across cores (one token's blocks stay on one cluster).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cmemu.die.gemm import finish_cost, gemm_cost
+from cmemu.die.kernels import attention_cost, vector_cost
+from cmemu.die.model import DTYPE_BYTES, DieModel, OpCost, ceil_div
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """DeepSeek-V3 attention dimensions [DSV3] (SPEC.md 2.7); traces may override them."""
+
+    heads: int = 128
+    hidden: int = 7168
+    q_lora_rank: int = 1536
+    kv_lora_rank: int = 512
+    qk_nope: int = 128
+    qk_rope: int = 64
+    v_head: int = 128
+
+
+PREFILL_Q_BLOCK = 128  # query rows per attention unit in prefill (the cube's natural 128-row tile)
+
+
+def _kv_block(model: DieModel, m: int, d_qk: int, d_kv_per_pos: int, dtype: str) -> int:
+    """KV positions per block: Q resident in L1 plus two KV blocks (double buffering), in
+    multiples of 16 and at most 512 (one FixPipe of S per block must fit L0C)."""
+    d = model.die
+    ib = DTYPE_BYTES[dtype]
+    room = (d.l1_buffer_kib << 10) - m * d_qk * ib
+    blk = room // (2 * d_kv_per_pos * ib) // 16 * 16
+    l0c_cap = (d.l0c_buffer_kib << 10) // (ceil_div(m, 16) * 16 * 4) // 16 * 16
+    blk = min(blk, 512, l0c_cap)
+    if blk < 16:
+        raise ValueError(f"{m} query rows of {d_qk} values leave no room for KV blocks in L1")
+    return blk
+
+
+def _combine(op: str, model: DieModel, phases: list[OpCost], aic: int, aiv: int, dtype: str) -> OpCost:
+    busy = {}
+    for p in phases:
+        for k, v in p.pipe_busy_cycles.items():
+            busy[k] = busy.get(k, 0) + v
+    cycles = sum(p.duration_cycles for p in phases)
+    return OpCost(op=op, duration_ps=model.cycles_to_ps(cycles), duration_cycles=cycles, aic_cores=aic, aiv_cores=aiv,
+                  pipe_busy_cycles=busy, hbm_read_byte=sum(p.hbm_read_byte for p in phases),
+                  hbm_write_byte=sum(p.hbm_write_byte for p in phases), l2_hit_byte=sum(p.l2_hit_byte for p in phases),
+                  macs=sum(p.macs for p in phases), vector_byte=sum(p.vector_byte for p in phases),
+                  cube_peak_macs_per_cycle=model.macs_per_cycle(dtype), phases=tuple(phases))
+
+
+def _prologue(model, tokens, s: MLAShape, aic, aiv, native, absorbed: bool):
+    g = dict(cores=aic, native=native)
+    v = dict(cores=aiv, native=native)
+    qk_head = s.qk_nope + s.qk_rope
+    phases = [
+        vector_cost(model, "rmsnorm", tokens, s.hidden, **v),
+        gemm_cost(model, tokens, s.q_lora_rank, s.hidden, 1, "int8", op="q_a_proj", **g),
+        vector_cost(model, "rmsnorm", tokens, s.q_lora_rank, **v),
+        gemm_cost(model, tokens, s.heads * qk_head, s.q_lora_rank, 1, "int8", op="q_b_proj", **g),
+        gemm_cost(model, tokens, s.kv_lora_rank + s.qk_rope, s.hidden, 1, "int8", op="kv_a_proj", **g),
+        vector_cost(model, "rmsnorm", tokens, s.kv_lora_rank, **v),
+        vector_cost(model, "rope", tokens * (s.heads + 1), s.qk_rope, **v),
+    ]
+    if absorbed:
+        # q_nope (tokens x nope) @ W_uk (nope x kv_lora), one group per head.
+        phases.append(gemm_cost(model, tokens, s.kv_lora_rank, s.qk_nope, s.heads, "bf16", op="absorb_uk", **g))
+    return phases
+
+
+def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape = MLAShape(), dtype: str = "bf16",
+                    cores: int | None = None, native: bool = True) -> OpCost:
+    """One absorbed MLA decode op on ``cores`` AIC (and twice as many AIV)."""
+    d = model.die
+    aic = d.aic_cores if cores is None else cores
+    if not 1 <= aic <= d.aic_cores or 2 * aic > d.aiv_cores:
+        raise ValueError(f"{aic} AIC (+{2 * aic} AIV) requested, the die has {d.aic_cores} AIC, {d.aiv_cores} AIV")
+    if tokens <= 0 or kv_len <= 0:
+        raise ValueError(f"MLA decode needs tokens > 0 and kv_len > 0, got {tokens}, {kv_len}")
+    aiv = 2 * aic
+    s = shape
+    d_qk = s.kv_lora_rank + s.qk_rope
+    ib = DTYPE_BYTES[dtype]
+    blk = _kv_block(model, s.heads, d_qk, d_qk, dtype)
+    nb = ceil_div(kv_len, blk)
+    kv_blocks = np.full(tokens, nb, dtype=np.int64)
+    lens = np.tile(np.minimum(blk, kv_len - np.arange(nb) * blk), tokens).astype(np.int64)
+    objs = np.arange(tokens * nb, dtype=np.int64)  # every token has its own cache
+    attn = attention_cost(model, "mla_attention", tokens, kv_blocks, s.heads, d_qk, s.kv_lora_rank, blk, lens,
+                          True, dtype, objs, s.heads * d_qk * ib, aic, native)
+    phases = _prologue(model, tokens, s, aic, aiv, native, absorbed=True)
+    phases.append(attn)
+    phases.append(gemm_cost(model, tokens, s.v_head, s.kv_lora_rank, s.heads, "bf16", cores=aic, native=native,
+                            op="absorb_uv"))
+    return _combine("mla_decode", model, phases, aic, aiv, dtype)
+
+
+def mla_prefill_cost(model: DieModel, tokens: int, shape: MLAShape = MLAShape(), dtype: str = "bf16",
+                     cores: int | None = None, native: bool = True) -> OpCost:
+    """MLA prefill of one causal sequence of ``tokens`` (not absorbed) on ``cores`` AIC."""
+    d = model.die
+    aic = d.aic_cores if cores is None else cores
+    if not 1 <= aic <= d.aic_cores or 2 * aic > d.aiv_cores:
+        raise ValueError(f"{aic} AIC (+{2 * aic} AIV) requested, the die has {d.aic_cores} AIC, {d.aiv_cores} AIV")
+    if tokens <= 0:
+        raise ValueError(f"MLA prefill needs tokens > 0, got {tokens}")
+    aiv = 2 * aic
+    s = shape
+    d_qk = s.qk_nope + s.qk_rope
+    ib = DTYPE_BYTES[dtype]
+    phases = _prologue(model, tokens, s, aic, aiv, native, absorbed=False)
+    # kv_b: latent -> per-head K nope and V.
+    phases.append(gemm_cost(model, tokens, s.heads * (s.qk_nope + s.v_head), s.kv_lora_rank, 1, "int8",
+                            cores=aic, native=native, op="kv_b_proj"))
+    bq = min(PREFILL_Q_BLOCK, tokens)
+    blk = _kv_block(model, bq, d_qk, d_qk + s.v_head, dtype)
+    nq = ceil_div(tokens, bq)
+    per_q = np.array([ceil_div(min(tokens, (q + 1) * bq), blk) for q in range(nq)], dtype=np.int64)  # causal
+    kv_blocks = np.tile(per_q, s.heads)
+    lens, objs = [], []
+    for h in range(s.heads):
+        for q in range(nq):
+            hi = min(tokens, (q + 1) * bq)
+            for b in range(per_q[q]):
+                lens.append(min(blk, hi - b * blk))
+                objs.append(h * ceil_div(tokens, blk) + b)
+    attn = attention_cost(model, "mla_attention", s.heads * nq, kv_blocks, bq, d_qk, s.v_head, blk,
+                          np.asarray(lens, dtype=np.int64), False, dtype, np.asarray(objs, dtype=np.int64),
+                          bq * d_qk * ib, aic, native)
+    phases.append(attn)
+    return _combine("mla_prefill", model, phases, aic, aiv, dtype)
