@@ -342,9 +342,9 @@ def summarize(t: Timeline) -> dict:
 
 
 def pipe_figures(t: Timeline) -> dict:
-    """Per pipe/engine with tasks: count, summed task time, busy share per die (time at least one
-    task of the pipe runs), and for CUBE and VECTOR the mean core utilisation (summed task time
-    over cores x makespan, cores from the spec: AIC for CUBE, AIV for VECTOR)."""
+    """Per pipe/engine with tasks: count, summed task time, and the busy share per die (time at
+    least one task of the pipe runs, over the makespan). Core utilisation is not derived: a task
+    does not say how many cores it occupies."""
     if not t.has_tasks():
         return {}
     c = t.columns("tasks")
@@ -354,7 +354,6 @@ def pipe_figures(t: Timeline) -> dict:
     dur = c["end_ps"] - c["start_ps"]
     npipes = len(t.pipes)
     busy = busy_union_ps(die * npipes + pipe, c["start_ps"], c["end_ps"], dies * npipes).reshape(dies, npipes)
-    cores = {"CUBE": int(t.spec["die"]["aic_cores"]), "VECTOR": int(t.spec["die"]["aiv_cores"])}
     out = {}
     for k, name in enumerate(t.pipes):
         sel = pipe == k
@@ -364,9 +363,6 @@ def pipe_figures(t: Timeline) -> dict:
         fig = {"tasks": int(sel.sum()), "total_time_us": float(dur[sel].sum()) / 1e6,
                "dies": int(used.size),
                "busy_per_die_mean_percent": 100.0 * float(busy[used, k].mean()) / end if end else 0.0}
-        if name in cores:
-            per_die = np.bincount(die[sel], weights=dur[sel], minlength=dies)[used]
-            fig["core_utilisation_mean_percent"] = 100.0 * float(per_die.mean()) / (cores[name] * end) if end else 0.0
         out[name] = fig
     return out
 

@@ -75,9 +75,8 @@ def report_text(t, summary: dict) -> str:
     if not t.has_tasks():
         lines.append("                       (so no cube/vector utilisation: it needs the pipe model)")
     for name, p in s["pipes"].items():
-        util = p.get("core_utilisation_mean_percent")
-        lines.append(f"    {name:<10} {p['tasks']:,} tasks on {p['dies']} dies, busy {p['busy_per_die_mean_percent']:.1f}% "
-                     f"of the makespan per die" + (f", cores {util:.1f}% utilised" if util is not None else ""))
+        lines.append(f"    {name:<10} {p['tasks']:,} tasks on {p['dies']} dies, {p['total_time_us']:,.3f} us of task "
+                     f"time; active {p['busy_per_die_mean_percent']:.1f}% of the makespan per die (mean)")
     lines.append(f"  link time series     {s['link_bins']}")
     lines.append("")
     lines.append("time per op type (busy = time at least one op of the type runs on a die)")
@@ -191,7 +190,7 @@ def _gantt(plt, t, s, win, dies):
     ax.set_ylim(len(lanes) - 0.5, -0.5)
     ax.set_xlim(lo / 1e6, hi / 1e6)
     ax.set_xlabel("simulated time (µs)")
-    ax.set_title(f"Ops per stream, dies {', '.join(map(str, dies))}, "
+    ax.set_title(f"Ops per stream{' and pipe tasks' if tasks is not None else ''}, dies {', '.join(map(str, dies))}, "
                  f"{lo / 1e6:,.3f} to {hi / 1e6:,.3f} µs ({t.attrs.get('preset')})")
     ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=OP_COLOURS.get(x, OTHER_COLOUR), label=x) for x in t.op_types if x in used_types]
