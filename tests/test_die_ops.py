@@ -156,3 +156,19 @@ def test_scenarios_run(name, options):
         for key, value in row.items():
             if isinstance(value, float):
                 assert any(u in key for u in ("_us", "_pct", "_per_s", "_ns", "_mbyte")), key
+
+
+def test_an_op_too_large_to_schedule_is_refused_quickly(tmp_path):
+    import time
+
+    from cmemu.errors import TraceError
+    from cmemu.run import run_trace
+
+    nodes = [{"id": 3, "type": "COMP", "rank": 0, "attrs": {"cmemu.op": "mla_prefill", "cmemu.tokens": 10**6}}]
+    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini", "nodes": nodes}
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    t0 = time.perf_counter()
+    with pytest.raises(TraceError, match=r"node 3: field 'cmemu.op': .*split the op"):
+        run_trace(path, progress=False)
+    assert time.perf_counter() - t0 < 5.0

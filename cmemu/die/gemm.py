@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from cmemu.die.l2 import lru_run
-from cmemu.die.model import AIC_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, cost_params
+from cmemu.die.model import AIC_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size, cost_params, finish_cost
 from cmemu.die.pipeline import Scratch, run_program
 
 # Indices into the cost table (cmemu.die.model.cost_params).
@@ -316,29 +316,19 @@ def gemm_cost(model: DieModel, m: int, n: int, k: int, groups: int = 1, dtype: s
     if not 1 <= cores <= d.aic_cores:
         raise ValueError(f"{cores} AIC requested, the die has {d.aic_cores}")
     t = plan(model, m, n, k, groups, dtype, tile_m, tile_n)
+    n_ins = gemm_instructions(t)
+    check_size(f"a {groups} x {m} x {n} x {k} GEMM", n_ins)
     ta = t.as_array()
     acc = gemm_accesses if native else gemm_accesses.py_func
     lru = lru_run if native else lru_run.py_func
     prog = gemm_program if native else gemm_program.py_func
     obj, nbytes, n_obj = acc(ta, cores)
     hits = lru(obj, nbytes, model.l2_capacity_byte, n_obj)
-    n = gemm_instructions(t)
-    bufs = (_SCRATCH.get("pipe", n, np.int32), _SCRATCH.get("busy", n), _SCRATCH.get("lat", n),
-            _SCRATCH.get("dep_ptr", n + 1), _SCRATCH.get("dep_idx", 3 * n))
+    bufs = (_SCRATCH.get("pipe", n_ins, np.int32), _SCRATCH.get("busy", n_ins), _SCRATCH.get("lat", n_ins),
+            _SCRATCH.get("dep_ptr", n_ins + 1), _SCRATCH.get("dep_idx", 3 * n_ins))
     j, e, macs, hit_b, miss_b, write_b = prog(ta, cores, hits, cost_params(model), *bufs)
     pipe, busy, lat, dep_ptr, dep_idx = bufs[0][:j], bufs[1][:j], bufs[2][:j], bufs[3][:j + 1], bufs[4][:e]
     _, finish, pipe_busy = run_program(pipe, busy, lat, dep_ptr, dep_idx, cores * len(AIC_PIPES), native, _SCRATCH)
     pipe_busy = np.asarray(pipe_busy).reshape(cores, len(AIC_PIPES)).sum(axis=0)
     return finish_cost(model, op, int(finish.max()), cores, 0, {f"AIC.{p}": int(b) for p, b in zip(AIC_PIPES, pipe_busy)},
                        int(miss_b), int(write_b), int(hit_b), int(macs), 0, model.macs_per_cycle(dtype))
-
-
-def finish_cost(model: DieModel, op, makespan_cycles, aic, aiv, busy, rd, wr, hit, macs, vec_b, peak) -> OpCost:
-    """The op's duration: its pipelines' makespan, but never less than its HBM traffic needs at
-    the bandwidth the HBM model achieves, nor its L2 traffic at the L2's bandwidth."""
-    hbm_cycles = rd / model.hbm_read_byte_per_cycle + wr / model.hbm_write_byte_per_cycle
-    l2_cycles = (rd + wr + hit) / model.l2_byte_per_cycle
-    cycles = int(max(makespan_cycles, np.ceil(hbm_cycles), np.ceil(l2_cycles)))
-    return OpCost(op=op, duration_ps=model.cycles_to_ps(cycles), duration_cycles=cycles, aic_cores=aic,
-                  aiv_cores=aiv, pipe_busy_cycles=busy, hbm_read_byte=rd, hbm_write_byte=wr, l2_hit_byte=hit,
-                  macs=macs, vector_byte=vec_b, cube_peak_macs_per_cycle=peak)

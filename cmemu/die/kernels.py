@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from cmemu.die.l2 import lru_run
-from cmemu.die.model import AIC_PIPES, AIV_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div
+from cmemu.die.model import AIC_PIPES, AIV_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size, finish_cost
 from cmemu.die.pipeline import run_program
 from cmemu.die.template import Template, expand
 
 ACC_BYTES = 4
 FP32 = 4
+MAX_GENERIC_CHUNKS = 256
 
 # Vector ops: (input bytes per element, output bytes per element, passes of the vector unit over
 # the element in fp32). Passes count the op's arithmetic, one vector instruction per step:
@@ -89,6 +90,7 @@ def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | Non
     col_pieces = max(1, ceil_div(per_row * 2, d.ub_buffer_kib << 10))
     chunks_rows = ceil_div(rows, rows_per_chunk)
     n_blocks = chunks_rows * col_pieces
+    check_size(f"a {op} of {rows} x {cols}", 3 * n_blocks)
     busy_cores = min(cores, n_blocks)
     hit_r, miss_r = _rates(model, busy_cores)
     tpl = Template(len(AIV_PIPES))
@@ -99,22 +101,21 @@ def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | Non
     # input slot); its vector pass for the store of the chunk two back (its output slot).
     tpl.deps[ld].append((vec, 2))
     tpl.deps[vec].append((st, 2))
-    var_busy = np.zeros((n_blocks, 3), dtype=np.int64)
-    var_lat = np.zeros((n_blocks, 3), dtype=np.int64)
     block_cluster = np.arange(n_blocks, dtype=np.int64) % busy_cores
-    rd = wr = 0
-    for blk in range(n_blocks):
-        r = min(rows_per_chunk, rows - (blk // col_pieces) * rows_per_chunk)
-        ccols = ceil_div(cols, col_pieces)
-        el = r * ccols
-        nin, nout = el * in_b, el * out_b + (r * FP32 if op == "quant_int8" else 0)
-        rd += nin
-        wr += nout
-        var_busy[blk] = (_mte2_busy(model, nin, miss_r), vector_cycles(model, el, passes),
-                         d.mte3_startup_cycles + ceil_div(nout, d.mte3_byte_per_cycle))
-        var_lat[blk] = (model.hbm_read_latency_cycles, 0, model.l2_hit_latency_cycles)
+    blk = np.arange(n_blocks, dtype=np.int64)
+    piece = blk % col_pieces
+    ccols = ceil_div(cols, col_pieces)
+    r = np.minimum(rows_per_chunk, rows - (blk // col_pieces) * rows_per_chunk)
+    el = r * np.minimum(ccols, cols - piece * ccols)
+    nin = el * in_b
+    nout = el * out_b + (np.where(piece == 0, r * FP32, 0) if op == "quant_int8" else 0)
+    rd, wr = int(nin.sum()), int(nout.sum())
+    var_busy = np.stack([d.mte2_startup_cycles + -(-nin * 1000 // miss_r),
+                         passes * (d.vector_startup_cycles + -(-el * FP32 // d.vector_bytes_per_cycle)),
+                         d.mte3_startup_cycles + -(-nout // d.mte3_byte_per_cycle)], axis=1)
+    var_lat = np.tile(np.array([model.hbm_read_latency_cycles, 0, model.l2_hit_latency_cycles], dtype=np.int64),
+                      (n_blocks, 1))
     makespan, busy = _run(model, tpl, block_cluster, var_busy, var_lat, busy_cores, native)
-    from cmemu.die.gemm import finish_cost
     return finish_cost(model, op, makespan, 0, cores, {f"AIV.{p}": int(b) for p, b in zip(AIV_PIPES, busy)},
                        rd, wr, 0, 0, rows * cols * in_b, 0)
 
@@ -261,6 +262,7 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     t_busy = np.asarray(tpl.busy, dtype=np.int64)
     t_lat = np.asarray(tpl.lat, dtype=np.int64)
 
+    check_size("this attention", (int(np.sum(kv_blocks_of_unit)) + units) * len(tpl.pipe))
     kv_bytes_of_block = kv_len_of_block * (d_qk if kv_shared else d_qk + d_v) * ib
     hits = (lru_run if native else lru_run.py_func)(
         np.ascontiguousarray(kv_object_of_block, dtype=np.int64), np.ascontiguousarray(kv_bytes_of_block, dtype=np.int64),
@@ -304,7 +306,6 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     for nm, bsy in zip(names, busy):
         out[nm] = out.get(nm, 0) + int(bsy)
     macs = int(np.sum(kv_len_of_block)) * m * (d_qk + d_v)
-    from cmemu.die.gemm import finish_cost
     return finish_cost(model, op, makespan, clusters, 2 * clusters, out, rd, units * m * d_v * ib, hit_b, macs,
                        0, model.macs_per_cycle(dtype))
 
@@ -330,7 +331,10 @@ def generic_cost(model: DieModel, unit: str, num_ops: float, tensor_byte: int, d
         per_cycle = 2 * d.vector_bytes_per_cycle // DTYPE_BYTES[dtype]  # lanes x fused multiply-add
         buf = d.ub_buffer_kib << 10
     per_core_b = ceil_div(int(tensor_byte), cores)
-    n_chunks = max(1, ceil_div(per_core_b, buf // 2))
+    # Chunks of half the buffer; a huge transfer takes bigger chunks (at most MAX_GENERIC_CHUNKS
+    # per core), which only lengthens its first chunk's start-up, not its steady state.
+    chunk_b = max(buf // 2, ceil_div(per_core_b, MAX_GENERIC_CHUNKS))
+    n_chunks = max(1, ceil_div(per_core_b, chunk_b))
     ops_core = num_ops / cores
     _, miss_r = _rates(model, cores)
     tpl = Template(2)
@@ -342,14 +346,13 @@ def generic_cost(model: DieModel, unit: str, num_ops: float, tensor_byte: int, d
     var_lat = np.zeros((nb, 2), dtype=np.int64)
     cluster = np.repeat(np.arange(cores, dtype=np.int64), n_chunks)
     for i in range(n_chunks):
-        b = min(buf // 2, per_core_b - i * (buf // 2))
+        b = min(chunk_b, per_core_b - i * chunk_b)
         if b > 0:
             var_busy[i::n_chunks, 0] = _mte2_busy(model, b, miss_r)
             var_lat[i::n_chunks, 0] = model.hbm_read_latency_cycles
         var_busy[i::n_chunks, 1] = int(np.ceil(ops_core / n_chunks / per_cycle))
     makespan, busy = _run(model, tpl, cluster, var_busy, var_lat, cores, native)
     pipes = ("MTE2", "CUBE") if unit == "aic" else ("MTE2", "VECTOR")
-    from cmemu.die.gemm import finish_cost
     peak = model.macs_per_cycle(dtype) if unit == "aic" else 0
     return finish_cost(model, "generic", makespan, cores if unit == "aic" else 0, cores if unit == "aiv" else 0,
                        {f"{unit.upper()}.{p}": int(b) for p, b in zip(pipes, busy)}, int(tensor_byte), 0, 0,

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cmemu.die.gemm import finish_cost, gemm_cost
+from cmemu.die.gemm import gemm_cost
 from cmemu.die.kernels import attention_cost, vector_cost
-from cmemu.die.model import DTYPE_BYTES, DieModel, OpCost, ceil_div
+from cmemu.die.model import DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,7 @@ def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape =
     ib = DTYPE_BYTES[dtype]
     blk = _kv_block(model, s.heads, d_qk, d_qk, dtype)
     nb = ceil_div(kv_len, blk)
+    check_size("this decode attention", tokens * (nb + 1) * 64)
     kv_blocks = np.full(tokens, nb, dtype=np.int64)
     lens = np.tile(np.minimum(blk, kv_len - np.arange(nb) * blk), tokens).astype(np.int64)
     objs = np.arange(tokens * nb, dtype=np.int64)  # every token has its own cache
@@ -129,24 +130,24 @@ def mla_prefill_cost(model: DieModel, tokens: int, shape: MLAShape = MLAShape(),
     s = shape
     d_qk = s.qk_nope + s.qk_rope
     ib = DTYPE_BYTES[dtype]
+    bq = min(PREFILL_Q_BLOCK, tokens)
+    blk = _kv_block(model, bq, d_qk, d_qk + s.v_head, dtype)
+    nq = ceil_div(tokens, bq)
+    # Causal: query block q (rows up to hi) sees the KV blocks holding positions below hi.
+    hi = np.minimum(tokens, (np.arange(nq, dtype=np.int64) + 1) * bq)
+    per_q = -(-hi // blk)
+    check_size("this prefill attention", s.heads * int(per_q.sum()) * 64)
     phases = _prologue(model, tokens, s, aic, aiv, native, absorbed=False)
     # kv_b: latent -> per-head K nope and V.
     phases.append(gemm_cost(model, tokens, s.heads * (s.qk_nope + s.v_head), s.kv_lora_rank, 1, "int8",
                             cores=aic, native=native, op="kv_b_proj"))
-    bq = min(PREFILL_Q_BLOCK, tokens)
-    blk = _kv_block(model, bq, d_qk, d_qk + s.v_head, dtype)
-    nq = ceil_div(tokens, bq)
-    per_q = np.array([ceil_div(min(tokens, (q + 1) * bq), blk) for q in range(nq)], dtype=np.int64)  # causal
     kv_blocks = np.tile(per_q, s.heads)
-    lens, objs = [], []
-    for h in range(s.heads):
-        for q in range(nq):
-            hi = min(tokens, (q + 1) * bq)
-            for b in range(per_q[q]):
-                lens.append(min(blk, hi - b * blk))
-                objs.append(h * ceil_div(tokens, blk) + b)
+    q_of = np.repeat(np.arange(nq), per_q)
+    b_of = np.arange(int(per_q.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_q) - per_q, per_q)
+    lens = np.tile(np.minimum(blk, hi[q_of] - b_of * blk), s.heads)
+    objs = np.repeat(np.arange(s.heads, dtype=np.int64), len(b_of)) * ceil_div(tokens, blk) + np.tile(b_of, s.heads)
     attn = attention_cost(model, "mla_attention", s.heads * nq, kv_blocks, bq, d_qk, s.v_head, blk,
-                          np.asarray(lens, dtype=np.int64), False, dtype, np.asarray(objs, dtype=np.int64),
+                          lens.astype(np.int64), False, dtype, objs,
                           bq * d_qk * ib, aic, native)
     phases.append(attn)
     return _combine("mla_prefill", model, phases, aic, aiv, dtype)

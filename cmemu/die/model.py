@@ -128,3 +128,25 @@ def cost_params(m: DieModel) -> np.ndarray:
         m.l2_hit_latency_cycles, m.hbm_read_latency_cycles, m.l2_hit_latency_cycles,
         m.mte2_milli_byte_per_cycle(), m.hbm_read_milli_byte_per_cycle(),
     ], dtype=np.int64)
+
+
+# Schedules beyond this many pipe instructions are refused rather than evaluated (memory and time
+# grow with them: about 40 B and 10 ns per instruction).
+MAX_INSTRUCTIONS = 50_000_000
+
+
+def check_size(what: str, instructions: int) -> None:
+    if instructions > MAX_INSTRUCTIONS:
+        raise ValueError(f"{what} would need {instructions:,} pipe instructions, more than the die model "
+                         f"evaluates ({MAX_INSTRUCTIONS:,}); split the op into smaller ones")
+
+
+def finish_cost(model: DieModel, op, makespan_cycles, aic, aiv, busy, rd, wr, hit, macs, vec_b, peak) -> OpCost:
+    """The op's duration: its pipelines' makespan, but never less than its HBM traffic needs at
+    the bandwidth the HBM model achieves, nor its L2 traffic at the L2's bandwidth."""
+    hbm_cycles = rd / model.hbm_read_byte_per_cycle + wr / model.hbm_write_byte_per_cycle
+    l2_cycles = (rd + wr + hit) / model.l2_byte_per_cycle
+    cycles = int(max(makespan_cycles, np.ceil(hbm_cycles), np.ceil(l2_cycles)))
+    return OpCost(op=op, duration_ps=model.cycles_to_ps(cycles), duration_cycles=cycles, aic_cores=aic,
+                  aiv_cores=aiv, pipe_busy_cycles=busy, hbm_read_byte=rd, hbm_write_byte=wr, l2_hit_byte=hit,
+                  macs=macs, vector_byte=vec_b, cube_peak_macs_per_cycle=peak)
