@@ -40,7 +40,9 @@ def comp_cost(node, die: DieSpec, path: str):
     try:
         return node_cost(die, node.attrs)
     except ValueError as exc:
-        field = "cmemu.dtype" if "mode" in str(exc) else ("cmemu.op" if "cmemu.op" in node.attrs else "num_ops")
+        # The cube's lack of a dtype mode is the dtype's fault; anything else the op's (or its work's).
+        field = "cmemu.dtype" if "the cube has no" in str(exc) else (
+            "cmemu.op" if "cmemu.op" in node.attrs else "num_ops")
         raise TraceError(path, str(exc), node.id, field) from None
 
 
