@@ -220,5 +220,56 @@ def report(timeline, plots, window, dies, as_json):
     run_report(timeline, plots_dir=plots, window=window, dies=dies, as_json=as_json, echo=click.echo)
 
 
+@main.command("sweep")
+@click.argument("sweep_file", metavar="SWEEP.toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Results folder [default: SWEEP's name with -results, in the current folder].")
+@click.option("--scheduler", metavar="ADDRESS", default=None,
+              help="A running Dask scheduler, e.g. tcp://host:8786 [default: a local cluster].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes of the local cluster [default: one per core].")
+@click.option("--dry-run", is_flag=True, help="List the points and which are finished; run nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
+def sweep_cmd(sweep_file, output, scheduler, workers, dry_run, quiet):
+    """Run every point of SWEEP.toml (docs/sweep-format.md) as a job on a Dask cluster; skip
+    points finished before; write DIR/points/KEY/ per point and DIR/summary.csv, summary.h5.
+    Exit status 2 if the file is bad or any point failed (the others still run)."""
+    _sweep(sweep_file, output, scheduler, workers, dry_run, quiet)
+
+
+@reports_errors
+def _sweep(sweep_file, output, scheduler, workers, dry_run, quiet):
+    from cmemu.sweep import load_sweep, point_status, run_sweep
+    from cmemu.sweep.summary import format_summary, summary_parameters
+
+    if scheduler is not None and workers is not None:
+        raise CmemuError("--workers sets the size of the local cluster; with --scheduler the cluster "
+                         "has its own workers")
+    sw = load_sweep(sweep_file)
+    if output is None:
+        output = Path(sweep_file.name.removesuffix(".toml") + "-results")
+    if dry_run:
+        for p in sw.points:
+            label = ", ".join(f"{k}={v}" for k, v in p.parameters.items()) or "(no varied parameters)"
+            click.echo(f"{p.key}  {point_status(output, p):<6}  {label}")
+        click.echo(f"{len(sw.points)} points; results would go to {output}")
+        return
+    try:
+        r = run_sweep(sw, output, scheduler=scheduler, workers=workers, progress=not quiet)
+    except KeyboardInterrupt:
+        click.echo(f"cmemu: interrupted; finished points are kept in {output}, and a re-run skips them",
+                   err=True)
+        sys.exit(130)  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+    ran = f"{r.ran} run" + (f" on {scheduler}" if scheduler else f" on {r.workers} local workers" if r.ran else "")
+    click.echo(f"sweep {sweep_file}: {len(r.outcomes)} points: {ran}, {r.skipped} skipped (finished before), "
+               f"{len(r.failed)} failed; {r.wall_time_s:.1f} s")
+    if not quiet:
+        click.echo(format_summary(r.rows, r.columns, summary_parameters(sw), sw.print_columns))
+    click.echo(f"results in {output}/ (summary.csv, summary.h5, points/)")
+    if r.failed:
+        first = r.outcomes[r.failed[0]]["error"]
+        raise CmemuError(f"{len(r.failed)} of {len(r.outcomes)} points failed, e.g. {r.failed[0]}: {first}")
+
+
 if __name__ == "__main__":
     main()

@@ -323,8 +323,11 @@ def run_trace(
     compression: str = "gzip",
     detail: str = "tasks",
     link_bin_ns: float = DEFAULT_LINK_BIN_NS,
+    spec: SystemSpec | None = None,
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
+
+    ``spec`` (a resolved SystemSpec) replaces ``system`` and ``overrides`` when given.
 
     ``max_memory_bytes`` (default: ``default_memory_limit()``) bounds the run: a run whose
     estimate (``estimate_memory``) is above it fails with MemoryLimitError before it starts.
@@ -342,7 +345,8 @@ def run_trace(
     _check_file_size(trace_path, limit)
     read = read_trace(trace_path)
     header_system = read[0].get("system") if isinstance(read[0], dict) else None
-    spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
+    if spec is None:
+        spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
     topo = build_topology(spec)
     trace = load_trace(trace_path, num_ranks=spec.dies, read=read)
     del read  # the parsed document: the checked nodes hold all the run needs

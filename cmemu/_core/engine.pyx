@@ -22,8 +22,8 @@ destination a write is absorbed (at the sink rate, if the endpoint has one) and 
 the ack's trip back is computed, not simulated, since acks are small and go the other way. A read
 request is answered after the target's memory latency by a response carrying the data on VL1.
 
-Events: ``on_op_ready``, ``on_op_done``, ``on_message_start``, ``on_inject`` (issue-rate wake-up),
-``on_link_free`` (only when a packet waits for a busy link), ``on_packet_arrive`` (one per
+Events: ``on_op_ready``, ``on_op_done``, ``on_message_start``, ``on_link_free`` (only when a
+packet waits for a busy link, or for its issue time at its source), ``on_packet_arrive`` (one per
 packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_ack``, ``on_message_delivered``.
 """
 cimport cython
@@ -69,13 +69,12 @@ cdef enum:
     EV_OP_READY = 0
     EV_OP_DONE = 1
     EV_MSG_START = 2
-    EV_INJECT = 3
-    EV_LINK_FREE = 4
-    EV_PKT_ARRIVE = 5
-    EV_SINK_DONE = 6
-    EV_RESP_INJECT = 7
-    EV_ACK = 8
-    EV_MSG_DELIVERED = 9
+    EV_LINK_FREE = 3
+    EV_PKT_ARRIVE = 4
+    EV_SINK_DONE = 5
+    EV_RESP_INJECT = 6
+    EV_ACK = 7
+    EV_MSG_DELIVERED = 8
 
 cdef int64_t PS_PER_S = 1000000000000
 
@@ -86,6 +85,7 @@ cdef struct Event:
     int32_t a
 
 cdef struct Packet:
+    int64_t ready     # not before this time may it leave its source (the initiator's issue rate)
     int32_t msg
     int32_t payload
     int32_t wire
@@ -183,7 +183,6 @@ cdef class Engine:
     cdef int32_t[::1] ep_outstanding
     cdef int64_t[::1] ep_issue_free
     cdef int64_t[::1] ep_sink_free
-    cdef uint8_t[::1] ep_inject_pending
     # Packet format.
     cdef const int64_t[::1] path_mtu
     cdef const int64_t[::1] path_flit
@@ -293,7 +292,6 @@ cdef class Engine:
         self.ep_outstanding = np.zeros(n_eps, dtype=np.int32)
         self.ep_issue_free = np.zeros(n_eps, dtype=np.int64)
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
-        self.ep_inject_pending = np.zeros(n_eps, dtype=np.uint8)
 
         self.path_mtu = F.path_mtu_byte
         self.path_flit = F.path_flit_byte
@@ -631,7 +629,7 @@ cdef class Engine:
     cdef int try_transmit(self, int32_t link) except -1:
         """Start the next packet on an idle link: round robin over its non-empty VOQs whose
         head packet fits in the receiver's credits."""
-        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned
+        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1
         cdef int32_t p = -1, prev, vl
         if self.queued[link] == 0:
             return 0
@@ -654,12 +652,20 @@ cdef class Engine:
                 break  # wrapped all the way round
             q = base + pos
             p = self.voq_head[q]
-            if self.credits[link * NUM_VLS + self.pkts[p].vl] >= self.pkts[p].wire:
+            if self.pkts[p].ready > self.now:
+                if wake < 0 or self.pkts[p].ready < wake:
+                    wake = self.pkts[p].ready
+            elif self.credits[link * NUM_VLS + self.pkts[p].vl] >= self.pkts[p].wire:
                 break
             p = -1
             scanned = k + 1
         if p < 0:
-            return 0  # every head waits for credits: a credit return will call again
+            # Every head waits: for credits (a credit return will call again), or for its issue
+            # time (wake up then).
+            if wake >= 0 and not self.free_pending[link]:
+                self.free_pending[link] = 1
+                self.push(wake, EV_LINK_FREE, link)
+            return 0
         self.voq_head[q] = self.pkts[p].next
         if self.voq_head[q] < 0:
             self.voq_tail[q] = -1
@@ -747,11 +753,6 @@ cdef class Engine:
         cdef int64_t payload, idx
         cdef int path, kind
         while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
-            if self.ep_issue_free[ep] > self.now:
-                if not self.ep_inject_pending[ep]:
-                    self.ep_inject_pending[ep] = 1
-                    self.push(self.ep_issue_free[ep], EV_INJECT, ep)
-                return 0
             m = self.ep_qhead[ep]
             path = self.msg_path[m]
             kind = self.msg_kind[m]
@@ -782,16 +783,15 @@ cdef class Engine:
                 if self.ep_qhead[ep] < 0:
                     self.ep_qtail[ep] = -1
             self.ep_outstanding[ep] += 1
-            self.ep_issue_free[ep] = self.now + self.ep_issue[ep * 2 + kind]
+            # Issued one issue time after the previous packet; it waits in its port's queue.
+            if self.ep_issue_free[ep] < self.now:
+                self.ep_issue_free[ep] = self.now
+            self.pkts[p].ready = self.ep_issue_free[ep]
+            self.ep_issue_free[ep] += self.ep_issue[ep * 2 + kind]
             self.leg_ends(p, &s, &d)
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-        return 0
-
-    cdef int on_inject(self, int32_t ep) except -1:
-        self.ep_inject_pending[ep] = 0
-        self.inject(ep)
         return 0
 
     cdef int on_link_free(self, int32_t link) except -1:
@@ -864,6 +864,7 @@ cdef class Engine:
         self.pkts[p].vl = 1
         self.pkts[p].hop = 0
         self.pkts[p].in_link = -1
+        self.pkts[p].ready = self.now
         self.pkts[p].wire = <int32_t>self.wire_bytes(path, PKT_READ_RESP, self.pkts[p].payload)
         first = self.route_link(path, self.msg_src[m], self.msg_dst[m], self.pkts[p].plane, self.pkts[p].uplink, 0)
         self.voq_append(first, 0, p)
@@ -939,8 +940,6 @@ cdef class Engine:
                 self.on_op_done(ev.a)
             elif ev.kind == EV_OP_READY:
                 self.on_op_ready(ev.a)
-            elif ev.kind == EV_INJECT:
-                self.on_inject(ev.a)
             elif ev.kind == EV_MSG_START:
                 self.on_message_start(ev.a)
             elif ev.kind == EV_SINK_DONE:

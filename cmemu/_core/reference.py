@@ -23,8 +23,8 @@ from cmemu.lower.fabric import (
 )
 
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
-(EV_OP_READY, EV_OP_DONE, EV_MSG_START, EV_INJECT, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE,
- EV_RESP_INJECT, EV_ACK, EV_MSG_DELIVERED) = range(10)
+(EV_OP_READY, EV_OP_DONE, EV_MSG_START, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE, EV_RESP_INJECT, EV_ACK,
+ EV_MSG_DELIVERED) = range(9)
 PS_PER_S = 10**12
 
 
@@ -34,7 +34,7 @@ def serialisation_time_ps(nbytes: int, rate_byte_per_s: int) -> int:
 
 
 class _Packet:
-    __slots__ = ("msg", "payload", "wire", "link", "in_link", "hop", "seq", "leg", "ptype", "vl", "plane", "uplink")
+    __slots__ = ("ready", "msg", "payload", "wire", "link", "in_link", "hop", "seq", "leg", "ptype", "vl", "plane", "uplink")
 
 
 class Engine:
@@ -91,7 +91,6 @@ class Engine:
         self.ep_outstanding = [0] * n_eps
         self.ep_issue_free = [0] * n_eps
         self.ep_sink_free = [0] * n_eps
-        self.ep_inject_pending = [False] * n_eps
 
         self.path_mtu = F.path_mtu_byte.tolist()
         self.path_flit = F.path_flit_byte.tolist()
@@ -263,14 +262,22 @@ class Engine:
         base = self.voq_base[link]
         n = self.voq_slots[link] * NUM_VLS
         p = -1
+        wake = -1
         for k in range(n):
             pos = (self.rr[link] + k) % n
             q = base + pos
             head = self.voq_head[q]
-            if head >= 0 and self.credits[link * NUM_VLS + self.pkts[head].vl] >= self.pkts[head].wire:
+            if head < 0:
+                continue
+            if self.pkts[head].ready > self.now:
+                wake = self.pkts[head].ready if wake < 0 else min(wake, self.pkts[head].ready)
+            elif self.credits[link * NUM_VLS + self.pkts[head].vl] >= self.pkts[head].wire:
                 p = head
                 break
         if p < 0:
+            if wake >= 0 and not self.free_pending[link]:
+                self.free_pending[link] = True
+                self.push(wake, EV_LINK_FREE, link)
             return
         pk = self.pkts[p]
         self.voq_head[q] = self.pkt_next[p]
@@ -343,11 +350,6 @@ class Engine:
 
     def inject(self, ep):
         while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
-            if self.ep_issue_free[ep] > self.now:
-                if not self.ep_inject_pending[ep]:
-                    self.ep_inject_pending[ep] = True
-                    self.push(self.ep_issue_free[ep], EV_INJECT, ep)
-                return
             m = self.ep_qhead[ep]
             path = self.msg_path[m]
             kind = self.msg_kind[m]
@@ -376,15 +378,13 @@ class Engine:
                 if self.ep_qhead[ep] < 0:
                     self.ep_qtail[ep] = -1
             self.ep_outstanding[ep] += 1
-            self.ep_issue_free[ep] = self.now + self.ep_issue[ep * 2 + kind]
+            self.ep_issue_free[ep] = max(self.ep_issue_free[ep], self.now)
+            pk.ready = self.ep_issue_free[ep]
+            self.ep_issue_free[ep] += self.ep_issue[ep * 2 + kind]
             s, d = self.leg_ends(p)
             first = self.route_link(path, s, d, pk.plane, pk.uplink, 0)
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-
-    def on_inject(self, ep):
-        self.ep_inject_pending[ep] = False
-        self.inject(ep)
 
     def on_link_free(self, link):
         self.free_pending[link] = False
@@ -454,6 +454,7 @@ class Engine:
         pk.vl = 1
         pk.hop = 0
         pk.in_link = -1
+        pk.ready = self.now
         pk.wire = self.wire_bytes(path, PKT_READ_RESP, pk.payload)
         first = self.route_link(path, self.msg_src[m], self.msg_dst[m], pk.plane, pk.uplink, 0)
         self.voq_append(first, 0, p)
@@ -495,7 +496,7 @@ class Engine:
                 self.push(self.now, EV_OP_READY, nxt)
 
     _HANDLERS = {
-        EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done, EV_MSG_START: on_message_start, EV_INJECT: on_inject,
+        EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done, EV_MSG_START: on_message_start,
         EV_LINK_FREE: on_link_free, EV_PKT_ARRIVE: on_packet_arrive, EV_SINK_DONE: on_sink_done,
         EV_RESP_INJECT: on_response_inject, EV_ACK: on_ack, EV_MSG_DELIVERED: on_message_delivered,
     }

@@ -98,8 +98,10 @@ class OpBuilder:
         src = np.concatenate(self._esrc) if self._esrc else np.zeros(0, dtype=np.int64)
         dst = np.concatenate(self._edst) if self._edst else np.zeros(0, dtype=np.int64)
         if src.size:
-            pairs = np.unique(src * n + dst)  # sorted by source, then destination; no duplicates
-            src, dst = pairs // n, pairs % n
+            # Grouped by source for the CSR lists. A repeated edge is harmless: it is counted in
+            # the successor's predecessors and released as often.
+            order = np.argsort(src, kind="stable")
+            src, dst = src[order], dst[order]
         succ_ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
         report = np.full(n, -1, dtype=np.int32)

@@ -316,16 +316,28 @@ def _moe_writes(ctx, m, start, dst_of_pair, payload, quantise, tokens):
     dst_of_pair = np.asarray(dst_of_pair, dtype=np.int64)
     remote = dst_of_pair != m
     if ctx.engine == "aiv":
-        # Per pair, one AIV loads the token into UB (and quantises it, for dispatch) and writes it.
-        if quantise:
-            per_pair = ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": 1, "cmemu.cols": quantise,
-                                      "cmemu.cores": 1})
-        else:
-            per_pair = ctx.stream_ps(payload, 1)
+        # AIV j takes pairs j, j + A, ...; it loads them into its UB a batch at a time (as many
+        # tokens as half the UB holds), quantises them (dispatch) and writes each to its expert.
         n = len(dst_of_pair)
-        loads = ctx.comp(m, per_pair, AIV, nbytes=payload, aiv=1, count=n)
+        a = ctx.cores
+        in_byte = 2 * quantise if quantise else payload  # what is read per pair (BF16 in dispatch)
+        per_batch = max(1, UB_CHUNK_BYTE // in_byte)
+        batch = (np.arange(n) // a) // per_batch * a + np.arange(n) % a
+        sizes = np.bincount(batch)
+        cost = {}
+        for k in np.unique(sizes):
+            if k == 0:
+                cost[k] = 0
+            elif quantise:
+                cost[k] = ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": int(k), "cmemu.cols": quantise,
+                                         "cmemu.cores": 1})
+            else:
+                cost[k] = ctx.stream_ps(int(k) * payload, 1)
+        loads = ctx.comp(m, np.array([cost[k] for k in sizes], dtype=np.int64), AIV, nbytes=sizes * in_byte, aiv=1,
+                         count=len(sizes))
         _aiv_chains(ctx, start, loads)
-        return _send_writes(ctx, m, loads[remote], dst_of_pair[remote], np.full(int(remote.sum()), payload), AIV)
+        return _send_writes(ctx, m, loads[batch[remote]], dst_of_pair[remote], np.full(int(remote.sum()), payload),
+                            AIV)
     # SDMA: quantise (or gather) every pair into a staging buffer on the AIVs, then one
     # descriptor per destination with all its pairs.
     n = len(dst_of_pair)

@@ -105,3 +105,26 @@ def parse_sizes(text: str) -> list[int]:
 def check_positive(name: str, value) -> None:
     if value is None or value <= 0:
         raise CmemuError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+def run_doc(doc: dict, spec, **options):
+    """Run a trace document (a dict, as in docs/trace-format.md) on a resolved spec."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from cmemu.run import run_trace
+
+    with tempfile.TemporaryDirectory(prefix="cmemu-scenario-") as tmp:
+        path = Path(tmp) / "scenario.json"
+        path.write_text(json.dumps(doc))
+        return run_trace(path, spec=spec, progress=False, link_bin_ns=0, **options)
+
+
+def trace_doc(spec, nodes, groups=None, description=None) -> dict:
+    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": spec.name, "nodes": nodes}
+    if groups:
+        doc["groups"] = groups
+    if description:
+        doc["description"] = description
+    return doc

@@ -1,0 +1,68 @@
+"""MoE dispatch + combine at EP320 (issue 5): 320 dies, 96 tokens per die, top-8, AIV-Direct.
+
+Budget (issue 5): <= 5 s wall for lowering and simulating one dispatch and one combine; reported,
+not gated (absolute times are not gated on shared machines). Gated: the cost per event against the
+same kernel on a small workload measured in the same run, and the lowering's cost per op against
+a small lowering (both must stay within a constant factor as the work grows ~100x).
+"""
+import json
+import time
+
+from cmemu._core import make_engine
+from cmemu._core.synthetic import traffic_workload
+from cmemu.lower import lower
+from cmemu.lower.fabric import build_fabric
+from cmemu.scenarios.common import trace_doc
+from cmemu.scenarios.moe_comm import moe_nodes
+from cmemu.spec import load_system
+from cmemu.topology import build_topology
+from cmemu.trace import load_trace
+
+MAX_EVENT_COST_RATIO = 8.0
+MAX_LOWER_COST_RATIO = 4.0
+
+
+def _lowered(tmp_path, system, ep, tokens):
+    spec = load_system(system)
+    ranks = list(range(ep))
+    doc = trace_doc(spec, moe_nodes(ranks, tokens, 8, 7168, "aiv", None, 0.0, 0, True), groups={"ep": ranks})
+    path = tmp_path / f"ep{ep}.json"
+    path.write_text(json.dumps(doc))
+    topo = build_topology(spec)
+    trace = load_trace(path, topo.num_dies)
+    t0 = time.perf_counter()
+    lowered = lower(trace, topo)
+    return topo, lowered, time.perf_counter() - t0
+
+
+def _run(lowered, fabric):
+    engine = make_engine(lowered, fabric)
+    t0 = time.perf_counter()
+    engine.run()
+    return engine, time.perf_counter() - t0
+
+
+def test_ep320_dispatch_combine(benchmark, tmp_path):
+    topo, lowered, lower_s = _lowered(tmp_path, "cloudmatrix384", 320, 96)
+    fabric = build_fabric(topo)
+    engine, sim_s = benchmark.pedantic(_run, args=(lowered, fabric), rounds=1, iterations=1)
+    assert engine.ops_done == lowered.num_ops and engine.packets_live == 0
+    rate = engine.events / sim_s
+
+    small_topo, small_lowered, small_lower_s = _lowered(tmp_path, "mini", 8, 12)
+    mini = build_topology(load_system("mini"))
+    small = traffic_workload(mini, messages=3000, seed=1)
+    small_fabric = build_fabric(mini)
+    small_rate = max(e.events / dt for e, dt in (_run(small, small_fabric) for _ in range(3)))
+    ratio = small_rate / rate
+    lower_ratio = (lower_s / lowered.num_ops) / (small_lower_s / small_lowered.num_ops)
+    benchmark.extra_info.update(ops=lowered.num_ops, messages=lowered.num_messages, events=engine.events,
+                                lower_s=round(lower_s, 3), simulate_s=round(sim_s, 3),
+                                events_per_s=round(rate), cost_ratio_vs_mini=round(ratio, 2))
+    print(f"\nEP320 dispatch + combine (96 tokens/die, top-8, AIV-Direct): {lowered.num_ops:,} ops, "
+          f"{lowered.num_messages:,} messages, {engine.events:,} events; lowering {lower_s:.2f} s + simulation "
+          f"{sim_s:.2f} s = {lower_s + sim_s:.2f} s wall (budget 5 s); {rate / 1e6:.2f} M events/s "
+          f"({ratio:.1f}x the cost per event on mini); simulated {engine.now / 1e6:.1f} us; "
+          f"lowering cost per op {lower_ratio:.1f}x that of EP8")
+    assert ratio <= MAX_EVENT_COST_RATIO
+    assert lower_ratio <= MAX_LOWER_COST_RATIO

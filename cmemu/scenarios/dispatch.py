@@ -1,0 +1,4 @@
+"""dispatch: see cmemu.scenarios.moe_comm."""
+from cmemu.scenarios.moe_comm import _command
+
+command = _command("dispatch", combine=False)
