@@ -11,15 +11,22 @@ import click
 from cmemu.errors import CmemuError
 
 EXIT_INPUT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).splitlines())
 
 
 def _fail(message: str) -> None:
-    click.echo(f"cmemu: error: {message}", err=True)
+    click.echo(f"cmemu: error: {_one_line(message)}", err=True)
     sys.exit(EXIT_INPUT_ERROR)
 
 
 def reports_errors(fn):
-    """Turn CmemuError (bad trace, bad preset, blocked run) into one line and exit status 2."""
+    """Turn CmemuError (bad trace, bad preset, blocked run) into one line and exit status 2,
+    and Ctrl-C into one line and exit status 130 (output files are only ever renamed into
+    place when complete, so an interrupted command leaves none)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -27,8 +34,25 @@ def reports_errors(fn):
             return fn(*args, **kwargs)
         except CmemuError as exc:
             _fail(str(exc))
+        except KeyboardInterrupt:
+            click.echo("cmemu: interrupted; no output written", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
     return wrapper
+
+
+class _MemorySize(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from cmemu.run import parse_memory_size
+
+        try:
+            return parse_memory_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _system_options(fn):
@@ -57,13 +81,18 @@ def main():
 @click.option("--engine", type=click.Choice(["native", "reference"]), default="native", show_default=True,
               help="The Cython kernel, or its pure-Python reference (slow; for checking).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line and no summary.")
+@click.option("--max-memory", type=_MemorySize(), default=None, metavar="SIZE",
+              help="Fail early instead of swapping if the run would need more, e.g. 2GB, 512MiB "
+                   "[default: 3/4 of physical memory].")
 @click.option("--compression", type=click.Choice(["gzip", "lzf", "none"]), default="gzip", show_default=True,
               help="Timeline compression: gzip (with shuffle; smallest), lzf (faster), none.")
 @click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
               help="What the timeline records: ops; ops and pipe/engine tasks (when the engine models "
                    "them); packets (not available yet).")
+@click.option("--link-bin-ns", type=click.FloatRange(min=0), default=10_000, show_default=True,
+              help="Width of the time bins of the per-link byte and busy-time counters, in ns (0: off).")
 @reports_errors
-def run(trace, output, system, overrides, engine, quiet, compression, detail):
+def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
     from cmemu.run import run_trace
 
@@ -71,8 +100,8 @@ def run(trace, output, system, overrides, engine, quiet, compression, detail):
         stem = trace.name.removesuffix(".jsonl").removesuffix(".json")
         output = Path(stem + ".h5")
     r = run_trace(trace, system=system, overrides=overrides, output=output,
-                  native=(engine == "native"), progress=not quiet,
-                  compression=compression, detail=detail)
+                  native=(engine == "native"), progress=not quiet, max_memory_bytes=max_memory,
+                  compression=compression, detail=detail, link_bin_ns=link_bin_ns)
     if quiet:
         return
     L = r.lowered
@@ -86,7 +115,8 @@ def run(trace, output, system, overrides, engine, quiet, compression, detail):
     click.echo(f"cmemu run {trace} on {r.spec.name} ({r.spec.dies} dies)")
     click.echo(f"  simulated time  {r.sim_end_ps / 1e6:,.3f} us")
     click.echo(f"  ops             {L.num_ops:,} ({types})")
-    click.echo(f"  messages        {L.num_messages:,} ({L.num_packets:,} packets, {int(L.msg_bytes.sum()):,} B)")
+    click.echo(f"  messages        {L.num_messages:,} ({int(r.msg_packets.sum()):,} packets, "
+               f"{int(L.msg_bytes.sum()):,} B, {r.packets_sent:,} packet-hops)")
     click.echo(f"  events          {r.events:,} (at most {r.max_pending_events:,} pending)")
     click.echo(f"  wall time       {r.wall_time_s:.3f} s ({rate / 1e6:.2f} M events/s)")
     click.echo(f"  timeline        {output}")
@@ -160,6 +190,91 @@ def scenario_list():
 @scenario.group("run", cls=_ScenarioGroup)
 def scenario_run():
     """Run a scenario: cmemu scenario run NAME [OPTIONS] (see `cmemu scenario list`)."""
+
+
+@main.group()
+def trace():
+    """Work with trace files (docs/trace-format.md)."""
+
+
+@trace.command("validate")
+@click.argument("path", metavar="TRACE", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--system", "-s", default=None, metavar="NAME",
+              help="Check ranks against this preset [default: the trace's system, else cloudmatrix384].")
+@reports_errors
+def trace_validate(path, system):
+    """Check TRACE: every problem, one line each.
+
+    Each line names the file, the node and the field; exit status 2 if there is any problem,
+    otherwise one line "ok: N nodes, M messages".
+    """
+    from cmemu.run import resolve_system
+    from cmemu.trace import check_trace, read_trace
+
+    doc, _sha256 = read_trace(path)
+    header_system = doc.get("system") if isinstance(doc, dict) else None
+    spec = resolve_system(header_system if isinstance(header_system, str) else None, system)
+    errors = check_trace(doc, path, spec.dies)
+    if errors:
+        sys.stderr.write("".join(f"{_one_line(e)}\n" for e in errors))
+        sys.exit(EXIT_INPUT_ERROR)
+    nodes = doc["nodes"]
+    messages = sum(1 for node in nodes if node.get("type") == "COMM_SEND")
+    click.echo(f"ok: {len(nodes)} nodes, {messages} messages ({spec.name}, {spec.dies} dies)")
+
+
+@trace.group("gen")
+def trace_gen():
+    """Generate traces of model workloads."""
+
+
+@trace_gen.command("deepseek-r1")
+@click.option("--phase", type=click.Choice(["decode"]), default="decode", show_default=True,
+              help="Step to generate (prefill is not written yet).")
+@_system_options
+@click.option("--ep", type=click.IntRange(min=2), default=None, help="EP degree [default: 320, or all dies if fewer].")
+@click.option("--tokens-per-die", type=click.IntRange(min=1), default=96, show_default=True,
+              help="Tokens each die processes per step, speculative ones included.")
+@click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True)
+@click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
+@click.option("--mtp/--no-mtp", default=True, show_default=True)
+@click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
+@click.option("--int8/--bf16", default=True, show_default=True, help="Weights and activations of the matmuls.")
+@click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default="aiv", show_default=True)
+@click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Zipf exponent of expert popularity (0: uniform).")
+@click.option("--layers", type=click.IntRange(1, 61), default=61, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Trace file to write (.json, or .jsonl for one node per line).")
+@reports_errors
+def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance,
+                       int8, dispatch_engine, skew, layers, seed, output):
+    """One decode step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
+    import json
+
+    from cmemu.run import DEFAULT_SYSTEM
+    from cmemu.spec import load_system
+    from cmemu.trace.deepseek import DecodeConfig, decode_trace
+
+    spec = load_system(system or DEFAULT_SYSTEM, overrides)
+    cfg = DecodeConfig(ep=ep or min(320, spec.dies), tokens_per_die=tokens_per_die, kv_len=kv_len,
+                       micro_batches=int(micro_batches), mtp=mtp, mtp_acceptance=mtp_acceptance, int8=int8,
+                       dispatch_engine=dispatch_engine, skew=skew, layers=layers, seed=seed)
+    doc = decode_trace(cfg, spec.name, spec.dies)
+    tmp = output.with_name(f".{output.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        if output.suffix == ".jsonl":
+            f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"}) + "\n")
+            for node in doc["nodes"]:
+                f.write(json.dumps(node, separators=(",", ":")) + "\n")
+        else:
+            f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"})[:-1] + ', "nodes": [\n')
+            f.write(",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]))
+            f.write("\n]}\n")
+    tmp.replace(output)
+    click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {cfg.layers} layer(s), EP{cfg.ep}, "
+               f"{cfg.tokens_per_die} tokens/die")
 
 
 @main.command()

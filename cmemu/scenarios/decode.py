@@ -1,0 +1,176 @@
+"""decode: one DeepSeek-R1 decode step of CloudMatrix-Infer (cmemu.trace.deepseek), simulated.
+
+Reports, from the simulated timeline (nothing is taken from the paper):
+- step time: the last op of the step ends (all dies, both micro-batches);
+- per-layer time: the mean time between successive MoE layers' ends on die 0 (the MTP layer
+  counts: it is a MoE layer too), a steady-state figure that needs two MoE layers;
+- TPOT: step time / tokens a request gains per step (1, plus the MTP acceptance rate);
+- throughput: decoded tokens per second per NPU (two dies);
+- a breakdown by op class (per die, mean busy time of each class, streams counted separately);
+- exposed communication: per die, the time a MoE dispatch or combine is in progress while no
+  compute op runs on that die.
+With fewer than 61 layers (``--layers``), the step and TPOT are also given extrapolated to the
+full model from the simulated per-layer time, and marked so.
+``--tpot-slo MS`` searches the largest tokens per die whose TPOT meets the SLO (bisection over
+simulated runs).
+"""
+from __future__ import annotations
+
+import click
+import numpy as np
+
+from cmemu.errors import CmemuError
+from cmemu.scenarios.common import run_doc, scenario_command
+from cmemu.trace.deepseek import LAYERS, DecodeConfig, decode_trace
+
+CLASSES = (
+    ("attention", ("attention",)),
+    ("mla_prolog", ("rmsnorm_in", "q_down", "q_up", "kv_down", "rmsnorm_kv", "rope", "absorb_uk")),
+    ("attention_out", ("absorb_uv", "o_proj")),
+    ("dense_ffn", ("rmsnorm_ffn", "ffn_up", "swiglu", "ffn_down")),
+    ("gate", ("gate",)),
+    ("dispatch", ("dispatch",)),
+    ("expert_mlp", ("expert_up", "expert_swiglu", "expert_down")),
+    ("combine", ("combine",)),
+    ("sampling", ("lm_head", "softmax")),
+)
+
+
+def _class_of(name: str) -> str:
+    leaf = name.rsplit(".", 1)[-1]
+    for cls, leaves in CLASSES:
+        if leaf in leaves:
+            return cls
+    return "other"
+
+
+def _union(starts, ends) -> list[tuple[int, int]]:
+    out = []
+    for s, e in sorted(zip(starts.tolist(), ends.tolist())):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _exposed(comm, compute) -> int:
+    """Length of the union of comm intervals not covered by the union of compute intervals."""
+    total = 0
+    j = 0
+    for s, e in comm:
+        cur = s
+        while j < len(compute) and compute[j][1] <= cur:
+            j += 1
+        k = j
+        while cur < e:
+            if k < len(compute) and compute[k][0] < e:
+                cs, ce = compute[k]
+                if cs > cur:
+                    total += cs - cur
+                cur = max(cur, ce)
+                k += 1
+            else:
+                total += e - cur
+                cur = e
+    return total
+
+
+def decode_metrics(cfg: DecodeConfig, result) -> dict:
+    L = result.lowered
+    names = L.op_name
+    start, end = result.op_start_ps, result.op_end_ps
+    rank = L.op_rank
+    step_ps = int(end.max())
+    classes = np.array([_class_of(n) for n in names])
+    per_class = {}
+    dies = cfg.ep
+    for cls, _ in CLASSES:
+        m = classes == cls
+        if m.any():
+            per_class[cls] = round(float((end[m] - start[m]).sum()) / dies / 1e6, 2)
+    # Steady-state layer time: successive MoE layers' combine ends on die 0, last micro-batch.
+    mb_last = cfg.micro_batches - 1
+    ends = [int(end[i]) for i, n in enumerate(names)
+            if rank[i] == 0 and n.endswith(f".mb{mb_last}.combine")]  # MoE layers, the MTP one too
+    layer_ps = int(np.diff(ends).mean()) if len(ends) >= 2 else None
+    exposed = []
+    is_comm = np.isin(classes, ["dispatch", "combine"])
+    for r in range(dies):
+        mine = rank == r
+        comm = _union(start[mine & is_comm], end[mine & is_comm])
+        compute = _union(start[mine & ~is_comm], end[mine & ~is_comm])
+        exposed.append(_exposed(comm, compute))
+    accepted = cfg.accepted_per_step
+    out = {
+        "tokens_per_die": cfg.tokens_per_die, "layers_simulated": cfg.layers,
+        "step_time_us": round(step_ps / 1e6, 1),
+        "per_layer_time_us": round(layer_ps / 1e6, 1) if layer_ps else None,
+        "tpot_ms": round(step_ps / 1e9 / accepted, 3),
+        "tokens_per_s_per_npu": round(2 * cfg.requests_per_die * accepted / (step_ps / 1e12), 1),
+        "exposed_comm_us": round(float(np.mean(exposed)) / 1e6, 1),
+    }
+    if cfg.layers < LAYERS and layer_ps:
+        full_ps = step_ps + (LAYERS - cfg.layers) * layer_ps
+        out["step_time_61_layers_extrapolated_us"] = round(full_ps / 1e6, 1)
+        out["tpot_61_layers_extrapolated_ms"] = round(full_ps / 1e9 / accepted, 3)
+        out["tokens_per_s_per_npu_61_layers_extrapolated"] = round(
+            2 * cfg.requests_per_die * accepted / (full_ps / 1e12), 1)
+    return out, per_class
+
+
+def run_decode(spec, cfg: DecodeConfig):
+    doc = decode_trace(cfg, spec.name, spec.dies)
+    return decode_metrics(cfg, run_doc(doc, spec))
+
+
+@scenario_command("decode")
+@click.option("--ep", type=click.IntRange(min=2), default=None, help="EP degree [default: 320, or all dies if fewer].")
+@click.option("--tokens-per-die", type=click.IntRange(min=1), default=96, show_default=True)
+@click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True)
+@click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
+@click.option("--mtp/--no-mtp", default=True, show_default=True)
+@click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
+@click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default="aiv", show_default=True)
+@click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
+              help="Layers to simulate (the step and TPOT are also extrapolated to 61).")
+@click.option("--tpot-slo", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MS",
+              help="Find the largest tokens per die whose (extrapolated) TPOT meets this SLO.")
+def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew, layers,
+            tpot_slo):
+    """DeepSeek-R1 decode step (CloudMatrix-Infer): step time, per-layer time, TPOT, tokens/s per
+    NPU, time by op class, exposed communication; --tpot-slo finds the largest batch meeting an SLO."""
+    ep = ep or min(320, spec.dies)
+
+    def cfg_for(tokens):
+        return DecodeConfig(ep=ep, tokens_per_die=tokens, kv_len=kv_len, micro_batches=int(micro_batches), mtp=mtp,
+                            mtp_acceptance=mtp_acceptance, dispatch_engine=dispatch_engine, skew=skew, layers=layers)
+
+    params = {"ep": ep, "kv_len": kv_len, "micro_batches": int(micro_batches), "mtp": mtp,
+              "mtp_acceptance": mtp_acceptance, "dispatch_engine": dispatch_engine, "layers": layers}
+    if tpot_slo is None:
+        metrics, per_class = run_decode(spec, cfg_for(tokens_per_die))
+        return params, {"decode step": [metrics],
+                        "mean busy time per die by op class (us)": [per_class]}
+    key = "tpot_61_layers_extrapolated_ms" if layers < LAYERS else "tpot_ms"
+    rows = []
+    lo, hi = 0, None
+    tokens = tokens_per_die
+    best = None
+    for _ in range(8):
+        if tokens < int(micro_batches) or (hi is not None and hi - lo <= 1):
+            break
+        metrics, _ = run_decode(spec, cfg_for(tokens))
+        rows.append(metrics)
+        if metrics[key] is not None and metrics[key] <= tpot_slo:
+            best, lo = metrics, tokens
+            tokens = tokens * 2 if hi is None else (lo + hi) // 2
+        else:
+            hi = tokens
+            tokens = (lo + hi) // 2
+    if best is None:
+        raise CmemuError(f"no tokens per die down to {max(lo, 1)} meets a TPOT of {tpot_slo} ms")
+    params["tpot_slo_ms"] = tpot_slo
+    params["largest_tokens_per_die_meeting_slo"] = best["tokens_per_die"]
+    return params, {"runs": rows}

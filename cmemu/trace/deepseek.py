@@ -1,0 +1,189 @@
+"""Trace generator: one decode step of DeepSeek-R1 in the CloudMatrix-Infer deployment.
+
+DeepSeek-R1 (SPEC.md 2.7, [DSV3]): hidden 7168, 61 layers (the first 3 dense, FFN 18432), 256
+routed experts + 1 shared, top-8, expert FFN 2048, 128 heads, MLA with q_lora_rank 1536,
+kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128, vocab 129280, one MTP module.
+
+The deployment (SPEC.md 2.8): every die of the EP group serves its own requests (DP for
+attention) and holds one expert (EP for MoE). Per layer and micro-batch, on each die:
+
+- stream 0 (16 AIC + 32 AIV): MLAProlog (RMSNorm, Q down/up projections, KV down projection,
+  RMSNorm of the latent, RoPE, and the absorption of W_UK into the query), MLA decode attention
+  over the KV cache (absorbed form: 512 + 64 values per token), the absorption of W_UV, and the
+  output projection;
+- stream 1 (8 AIC + 16 AIV): gate, MoE dispatch (AIV-Direct by default), the expert MLP
+  (grouped INT8 GEMMs and SwiGLU on the tokens this die received), MoE combine.
+
+With two micro-batches, micro-batch 1's attention runs while micro-batch 0 is in its MoE part.
+The first three layers are dense (an FFN of 18432 on the die's own tokens, on stream 1). With
+MTP, each request decodes its token plus one speculative token (twice the tokens per step) and
+one extra layer runs at the end; sampling is the LM head and a softmax. ``tokens_per_die`` counts
+every token a die processes in the step (SPEC.md 2.8: up to 96), speculative ones included.
+
+Simplifications (docs/model.md): the shared expert is treated as a ninth expert of the routing
+(CloudMatrix-Infer places 32 copies of it among the 320 EP ranks); the LM head runs on each die
+for its own tokens; the KV cache length is the same for every request.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from cmemu.errors import CmemuError
+from cmemu.lower.collectives import moe_routing
+
+HIDDEN = 7168
+LAYERS = 61
+DENSE_LAYERS = 3
+DENSE_FFN = 18432
+EXPERT_FFN = 2048
+ROUTED_TOP_K = 8
+HEADS = 128
+Q_LORA = 1536
+KV_LORA = 512
+QK_NOPE = 128
+QK_ROPE = 64
+V_HEAD = 128
+VOCAB = 129280
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    ep: int = 320
+    tokens_per_die: int = 96
+    kv_len: int = 4096
+    micro_batches: int = 2
+    mtp: bool = True
+    mtp_acceptance: float = 0.7
+    int8: bool = True
+    dispatch_engine: str = "aiv"
+    skew: float = 0.0
+    layers: int = LAYERS
+    seed: int = 0
+
+    def check(self, dies: int) -> None:
+        if not 2 <= self.ep <= dies:
+            raise CmemuError(f"--ep {self.ep}: must be between 2 and the system's {dies} dies")
+        if self.micro_batches not in (1, 2):
+            raise CmemuError(f"--micro-batches must be 1 or 2, got {self.micro_batches}")
+        if self.tokens_per_die < self.micro_batches:
+            raise CmemuError("--tokens-per-die must be at least the number of micro-batches")
+        if not 1 <= self.layers <= LAYERS:
+            raise CmemuError(f"--layers must be between 1 and {LAYERS}, got {self.layers}")
+        if not 0.0 <= self.mtp_acceptance <= 1.0:
+            raise CmemuError(f"--mtp-acceptance must be between 0 and 1, got {self.mtp_acceptance}")
+        if self.dispatch_engine not in ("aiv", "sdma"):
+            raise CmemuError(f"--dispatch-engine must be aiv or sdma, got {self.dispatch_engine}")
+
+    @property
+    def dense_layers(self) -> int:
+        return min(DENSE_LAYERS, self.layers - 1) if self.layers > 1 else 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens each die processes per step (with MTP, each request contributes two)."""
+        return self.tokens_per_die
+
+    @property
+    def requests_per_die(self) -> float:
+        return self.tokens_per_die / (2 if self.mtp else 1)
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Tokens each request gains per step: one, plus the accepted speculative one."""
+        return 1.0 + (self.mtp_acceptance if self.mtp else 0.0)
+
+
+def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
+    """The trace document of one decode step (docs/trace-format.md)."""
+    cfg.check(dies)
+    ranks = list(range(cfg.ep))
+    wdt = "int8" if cfg.int8 else "bf16"
+    nodes: list[dict] = []
+    tokens = cfg.tokens_per_step
+    mb_tokens = [tokens // cfg.micro_batches + (1 if i < tokens % cfg.micro_batches else 0)
+                 for i in range(cfg.micro_batches)]
+    top_k = min(ROUTED_TOP_K + 1, cfg.ep)  # the shared expert as a ninth destination (fewer if EP < 9)
+    received = {}
+    for mb, t in enumerate(mb_tokens):
+        routing = moe_routing(t, top_k, cfg.ep, cfg.ep, cfg.skew, cfg.seed + mb)
+        counts = [int((routing == r).sum()) for r in range(cfg.ep)]
+        received[mb] = counts
+
+    last = {}  # (rank, mb) -> id of the micro-batch's last node so far
+
+    def add(rank, stream, name, ntype, attrs, deps=()):
+        node = {"id": len(nodes), "name": name, "type": ntype, "rank": rank, "stream": stream, "attrs": attrs}
+        deps = [d for d in deps if d is not None]
+        if deps:
+            node["data_deps"] = deps
+        nodes.append(node)
+        return node["id"]
+
+    def comp(rank, stream, name, op, cores, deps=(), **shape):
+        attrs = {"cmemu.op": op, "cmemu.cores": cores, **{f"cmemu.{k}": v for k, v in shape.items()}}
+        return add(rank, stream, name, "COMP", attrs, deps)
+
+    n_layers = cfg.layers + (1 if cfg.mtp else 0)
+    for layer in range(n_layers):
+        dense = layer < cfg.dense_layers
+        tag = f"L{layer}" if layer < cfg.layers else "MTP"
+        for mb, t in enumerate(mb_tokens):
+            for r in ranks:
+                prev = last.get((r, mb))
+                # Stream 0: attention.
+                a = comp(r, 0, f"{tag}.mb{mb}.rmsnorm_in", "rmsnorm", 32, [prev], rows=t, cols=HIDDEN)
+                a = comp(r, 0, f"{tag}.mb{mb}.q_down", "gemm", 16, [a], m=t, n=Q_LORA, k=HIDDEN, dtype=wdt)
+                a = comp(r, 0, f"{tag}.mb{mb}.q_up", "gemm", 16, [a], m=t, n=HEADS * (QK_NOPE + QK_ROPE), k=Q_LORA,
+                         dtype=wdt)
+                a = comp(r, 0, f"{tag}.mb{mb}.kv_down", "gemm", 16, [a], m=t, n=KV_LORA + QK_ROPE, k=HIDDEN, dtype=wdt)
+                a = comp(r, 0, f"{tag}.mb{mb}.rmsnorm_kv", "rmsnorm", 32, [a], rows=t, cols=KV_LORA)
+                a = comp(r, 0, f"{tag}.mb{mb}.rope", "rope", 32, [a], rows=t * (HEADS + 1), cols=QK_ROPE)
+                a = comp(r, 0, f"{tag}.mb{mb}.absorb_uk", "grouped_gemm", 16, [a], m=t, n=KV_LORA, k=QK_NOPE,
+                         groups=HEADS, dtype="bf16")
+                a = comp(r, 0, f"{tag}.mb{mb}.attention", "mla_decode", 16, [a], tokens=t, kv_len=cfg.kv_len,
+                         heads=HEADS)
+                a = comp(r, 0, f"{tag}.mb{mb}.absorb_uv", "grouped_gemm", 16, [a], m=t, n=V_HEAD, k=KV_LORA,
+                         groups=HEADS, dtype="bf16")
+                a = comp(r, 0, f"{tag}.mb{mb}.o_proj", "gemm", 16, [a], m=t, n=HIDDEN, k=HEADS * V_HEAD, dtype=wdt)
+                # Stream 1: FFN (dense) or MoE.
+                f = comp(r, 1, f"{tag}.mb{mb}.rmsnorm_ffn", "rmsnorm", 16, [a], rows=t, cols=HIDDEN)
+                if dense:
+                    f = comp(r, 1, f"{tag}.mb{mb}.ffn_up", "gemm", 8, [f], m=t, n=2 * DENSE_FFN, k=HIDDEN, dtype=wdt)
+                    f = comp(r, 1, f"{tag}.mb{mb}.swiglu", "swiglu", 16, [f], rows=t, cols=DENSE_FFN)
+                    f = comp(r, 1, f"{tag}.mb{mb}.ffn_down", "gemm", 8, [f], m=t, n=HIDDEN, k=DENSE_FFN, dtype=wdt)
+                    last[(r, mb)] = f
+                else:
+                    last[(r, mb)] = comp(r, 1, f"{tag}.mb{mb}.gate", "gemm", 8, [f], m=t, n=256, k=HIDDEN,
+                                         dtype="bf16")
+            if dense:
+                continue
+            moe = {"cmemu.group": "ep", "cmemu.tokens": t, "cmemu.top_k": top_k, "cmemu.hidden": HIDDEN,
+                   "cmemu.experts": cfg.ep, "cmemu.skew": cfg.skew, "cmemu.seed": cfg.seed + mb, "cmemu.cores": 16}
+            disp = {r: add(r, 1, f"{tag}.mb{mb}.dispatch", "COMM_COLL",
+                           {"comm_type": "MOE_DISPATCH", "cmemu.engine": cfg.dispatch_engine, **moe},
+                           [last[(r, mb)]]) for r in ranks}
+            mlp = {}
+            for r in ranks:
+                m = max(1, received[mb][r])
+                e = comp(r, 1, f"{tag}.mb{mb}.expert_up", "grouped_gemm", 8, [disp[r]], m=m, n=2 * EXPERT_FFN,
+                         k=HIDDEN, groups=1, dtype=wdt)
+                e = comp(r, 1, f"{tag}.mb{mb}.expert_swiglu", "swiglu", 16, [e], rows=m, cols=EXPERT_FFN)
+                mlp[r] = comp(r, 1, f"{tag}.mb{mb}.expert_down", "grouped_gemm", 8, [e], m=m, n=HIDDEN,
+                              k=EXPERT_FFN, groups=1, dtype=wdt)
+            for r in ranks:
+                last[(r, mb)] = add(r, 1, f"{tag}.mb{mb}.combine", "COMM_COLL",
+                                    {"comm_type": "MOE_COMBINE", "cmemu.engine": cfg.dispatch_engine, **moe},
+                                    [mlp[r]])
+    # Sampling: the LM head and a softmax over the vocabulary, per micro-batch.
+    for mb, t in enumerate(mb_tokens):
+        for r in ranks:
+            s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", 16, [last[(r, mb)]], m=t, n=VOCAB, k=HIDDEN, dtype=wdt)
+            comp(r, 0, f"sample.mb{mb}.softmax", "softmax", 32, [s], rows=t, cols=VOCAB)
+    return {
+        "schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": system,
+        "description": (f"DeepSeek-R1 decode step: EP{cfg.ep}, {cfg.tokens_per_die} tokens/die, KV {cfg.kv_len}, "
+                        f"{cfg.micro_batches} micro-batch(es), {cfg.layers} layer(s), MTP {'on' if cfg.mtp else 'off'}"),
+        "groups": {"ep": ranks},
+        "cmemu.generator": {"name": "deepseek-r1", "phase": "decode", **asdict(cfg)},
+        "nodes": nodes,
+    }
