@@ -172,3 +172,15 @@ def test_an_op_too_large_to_schedule_is_refused_quickly(tmp_path):
     with pytest.raises(TraceError, match=r"node 3: field 'cmemu.op': .*split the op"):
         run_trace(path, progress=False)
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_a_dtype_the_cube_lacks_is_an_error_naming_the_dtype(tmp_path):
+    from cmemu.errors import TraceError
+    from cmemu.run import run_trace
+
+    nodes = [{"id": 4, "type": "COMP", "rank": 0, "attrs": {"num_ops": 1e9, "cmemu.dtype": "fp32"}}]
+    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini", "nodes": nodes}
+    path = tmp_path / "fp32.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"node 4: field 'cmemu.dtype': the cube has no fp32 mode"):
+        run_trace(path, progress=False)

@@ -219,12 +219,12 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     tpl = Template(CLUSTER_PIPES)
     part = []  # per template instruction: 0 = step's QK half (block i), 1 = PV half (block i-1)
 
-    def mark(upto, which):
+    def mark(which):
         part.extend([which] * (len(tpl.pipe) - len(part)))
 
     q_ld = tpl.add(0, name="MTE2 Q")
     kv_ld = tpl.add(0, name="MTE2 KV")
-    fx_s, qk_last_mte1 = emit_matmul(tpl, qk, deps=[q_ld, kv_ld], fix_lat=l2lat)
+    fx_s, _ = emit_matmul(tpl, qk, deps=[q_ld, kv_ld], fix_lat=l2lat)
     s_bytes = half * block * FP32
     p_bytes = half * block * ib
     soft = []
@@ -235,7 +235,7 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
                      name="VECTOR softmax")
         soft.append(tpl.add(aiv + 2, d.mte3_startup_cycles + ceil_div(p_bytes, d.mte3_byte_per_cycle), lat=l2lat,
                             deps=[vc], name="MTE3 P"))
-    mark(len(tpl.pipe), 0)
+    mark(0)
     # P V of the previous block: waits for that block's P (one step back).
     p_ld = tpl.add(0, _mte2_busy(model, m * block * ib, hit_r), lat=flag + l2lat, deps=[(x, 1) for x in soft],
                    name="MTE2 P")
@@ -247,14 +247,11 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
         # rescale the running output and add the block's part: two passes
         vc = tpl.add(aiv + 1, vector_cycles(model, half * d_v, 2), deps=[ld], name="VECTOR rescale")
         out_st.append(tpl.add(aiv + 2, 0, deps=[vc], name="MTE3 out"))
-    mark(len(tpl.pipe), 1)
-    # The KV block's L1 slot (two slots: double buffering) is free once the P V that reads V
-    # from it has loaded its last fractals: that P V runs one step later, so two steps back
-    # in the template is three blocks back... bounded by MAX_BACK = 2 steps: the KV load waits
-    # for the PV of two steps back (which read the block three steps back), and for the QK
-    # MTE1 of two steps back.
+    mark(1)
+    # L1 holds three KV blocks (mla._kv_block): the one QK reads, the one PV reads (a step
+    # behind) and the one being loaded. Block i reuses the slot of block i - 3, whose P V ran in
+    # step i - 2: the load waits until that P V's MTE1 has read its last fractals.
     tpl.deps[kv_ld].append((pv_last_mte1, 2))
-    tpl.deps[kv_ld].append((qk_last_mte1, 2))
     nt = len(tpl.pipe)
     tpl.var = list(range(nt))  # every instruction's time is given per step
     tpl.n_var = nt

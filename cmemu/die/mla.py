@@ -44,12 +44,13 @@ PREFILL_Q_BLOCK = 128  # query rows per attention unit in prefill (the cube's na
 
 
 def _kv_block(model: DieModel, m: int, d_qk: int, d_kv_per_pos: int, dtype: str) -> int:
-    """KV positions per block: Q resident in L1 plus two KV blocks (double buffering), in
-    multiples of 16 and at most 512 (one FixPipe of S per block must fit L0C)."""
+    """KV positions per block: Q resident in L1 plus three KV blocks (the software-pipelined
+    cube reads two, S of one and P V of the one before, while MTE2 loads the next), in
+    multiples of 16 and at most 512; S of one block (m x block fp32) must fit L0C."""
     d = model.die
     ib = DTYPE_BYTES[dtype]
     room = (d.l1_buffer_kib << 10) - m * d_qk * ib
-    blk = room // (2 * d_kv_per_pos * ib) // 16 * 16
+    blk = room // (3 * d_kv_per_pos * ib) // 16 * 16
     l0c_cap = (d.l0c_buffer_kib << 10) // (ceil_div(m, 16) * 16 * 4) // 16 * 16
     blk = min(blk, 512, l0c_cap)
     if blk < 16:
