@@ -39,10 +39,10 @@ def _mte2_busy(model: DieModel, nbytes: int, rate_milli: int) -> int:
     return model.die.mte2_startup_cycles + ceil_div(nbytes * 1000, rate_milli)
 
 
-def _rates(model: DieModel, streams: int):
-    """MTE2 rates (milli-bytes per cycle) of one core: on an L2 hit, and on a miss while
-    ``streams`` cores miss at the same time and share the HBM's achieved bandwidth."""
-    hit = model.mte2_milli_byte_per_cycle()
+def _rates(model: DieModel, streams: int, aiv: bool = False):
+    """MTE2 rates (milli-bytes per cycle) of one core (an AIC, or an AIV): on an L2 hit, and on
+    a miss while ``streams`` cores miss at the same time and share the HBM's achieved bandwidth."""
+    hit = model.mte2_milli_byte_per_cycle(aiv)
     miss = min(hit, model.hbm_read_milli_byte_per_cycle() // max(1, streams))
     return hit, miss
 
@@ -92,7 +92,7 @@ def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | Non
     n_blocks = chunks_rows * col_pieces
     check_size(f"a {op} of {rows} x {cols}", 3 * n_blocks)
     busy_cores = min(cores, n_blocks)
-    hit_r, miss_r = _rates(model, busy_cores)
+    hit_r, miss_r = _rates(model, busy_cores, aiv=True)
     tpl = Template(len(AIV_PIPES))
     ld = tpl.add(0, deps=[], name="MTE2 in", variable=True)
     vec = tpl.add(1, deps=[ld], name="VECTOR", variable=True)
@@ -213,6 +213,7 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     clusters = min(cores, units)
     hit_r, _ = _rates(model, 1)
     _, miss_r = _rates(model, clusters)
+    aiv_r, _ = _rates(model, 1, aiv=True)
     qk = matmul_steps(model, m, d_qk, block, dtype)
     pv = matmul_steps(model, m, block, d_v, dtype)
     half = ceil_div(m, 2)
@@ -229,7 +230,7 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     p_bytes = half * block * ib
     soft = []
     for aiv in (AIV0, AIV1):
-        ld = tpl.add(aiv + 0, _mte2_busy(model, s_bytes, hit_r), lat=flag + l2lat, deps=fx_s, name="MTE2 S")
+        ld = tpl.add(aiv + 0, _mte2_busy(model, s_bytes, aiv_r), lat=flag + l2lat, deps=fx_s, name="MTE2 S")
         # online softmax: max, subtract, exp, sum, rescale of the running sums, cast to P
         vc = tpl.add(aiv + 1, vector_cycles(model, half * block, VECTOR_OPS["softmax"][2] + 1), deps=[ld],
                      name="VECTOR softmax")
@@ -243,7 +244,7 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     o_bytes = half * d_v * FP32
     out_st = []
     for aiv in (AIV0, AIV1):
-        ld = tpl.add(aiv + 0, _mte2_busy(model, o_bytes, hit_r), lat=flag + l2lat, deps=fx_o, name="MTE2 O")
+        ld = tpl.add(aiv + 0, _mte2_busy(model, o_bytes, aiv_r), lat=flag + l2lat, deps=fx_o, name="MTE2 O")
         # rescale the running output and add the block's part: two passes
         vc = tpl.add(aiv + 1, vector_cycles(model, half * d_v, 2), deps=[ld], name="VECTOR rescale")
         out_st.append(tpl.add(aiv + 2, 0, deps=[vc], name="MTE3 out"))
@@ -333,7 +334,7 @@ def generic_cost(model: DieModel, unit: str, num_ops: float, tensor_byte: int, d
     chunk_b = max(buf // 2, ceil_div(per_core_b, MAX_GENERIC_CHUNKS))
     n_chunks = max(1, ceil_div(per_core_b, chunk_b))
     ops_core = num_ops / cores
-    _, miss_r = _rates(model, cores)
+    _, miss_r = _rates(model, cores, aiv=unit == "aiv")
     tpl = Template(2)
     ld = tpl.add(0, name="MTE2", variable=True)
     ex = tpl.add(1, deps=[ld], name="CUBE" if unit == "aic" else "VECTOR", variable=True)

@@ -86,9 +86,10 @@ class DieModel:
         """Depth of one cube step: a 16 x k x 16 block per cycle (k = 16 bf16, 32 int8)."""
         return self.macs_per_cycle(dtype) // 256
 
-    def mte2_milli_byte_per_cycle(self) -> int:
-        """One core's MTE2 rate, in thousandths of a byte per cycle (integers for the kernels)."""
-        return int(self.die.mte2_byte_per_cycle * 1000)
+    def mte2_milli_byte_per_cycle(self, aiv: bool = False) -> int:
+        """One core's MTE2 rate (an AIC's, or an AIV's), in thousandths of a byte per cycle
+        (integers for the kernels)."""
+        return int((self.die.aiv_mte2_byte_per_cycle if aiv else self.die.mte2_byte_per_cycle) * 1000)
 
     def hbm_read_milli_byte_per_cycle(self) -> int:
         return int(self.hbm_read_byte_per_cycle * 1000)

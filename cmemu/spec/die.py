@@ -32,6 +32,7 @@ class DieSpec:
     l0c_buffer_kib: int
     ub_buffer_kib: int
     mte2_byte_per_cycle: int
+    aiv_mte2_byte_per_cycle: int
     mte2_startup_cycles: int
     mte1_l0a_byte_per_cycle: int
     mte1_l0b_byte_per_cycle: int
