@@ -19,6 +19,7 @@ token, MTP, split-KV across cores (one token's blocks stay on one cluster).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def _combine(op: str, model: DieModel, phases: list[OpCost], aic: int, aiv: int,
             busy[k] = busy.get(k, 0) + v
     cycles = sum(p.duration_cycles for p in phases)
     return OpCost(op=op, duration_ps=model.cycles_to_ps(cycles), duration_cycles=cycles, aic_cores=aic, aiv_cores=aiv,
-                  pipe_busy_cycles=busy, hbm_read_byte=sum(p.hbm_read_byte for p in phases),
+                  pipe_busy_cycles=MappingProxyType(busy), hbm_read_byte=sum(p.hbm_read_byte for p in phases),
                   hbm_write_byte=sum(p.hbm_write_byte for p in phases), l2_hit_byte=sum(p.l2_hit_byte for p in phases),
                   macs=sum(p.macs for p in phases), vector_byte=sum(p.vector_byte for p in phases),
                   cube_peak_macs_per_cycle=model.macs_per_cycle(dtype), phases=tuple(phases))

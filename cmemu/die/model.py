@@ -4,7 +4,9 @@ bandwidth. Built once per DieSpec and cached; the kernels never look up a name."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
@@ -26,7 +28,8 @@ class OpCost:
     duration_cycles: int
     aic_cores: int
     aiv_cores: int
-    pipe_busy_cycles: dict = field(default_factory=dict)  # "AIC.CUBE" -> cycles over all cores
+    # "AIC.CUBE" -> cycles over all the op's cores (read-only: costs are memoised and shared)
+    pipe_busy_cycles: Mapping = field(default_factory=lambda: MappingProxyType({}))
     hbm_read_byte: int = 0
     hbm_write_byte: int = 0
     l2_hit_byte: int = 0
@@ -149,5 +152,5 @@ def finish_cost(model: DieModel, op, makespan_cycles, aic, aiv, busy, rd, wr, hi
     l2_cycles = (rd + wr + hit) / model.l2_byte_per_cycle
     cycles = int(max(makespan_cycles, np.ceil(hbm_cycles), np.ceil(l2_cycles)))
     return OpCost(op=op, duration_ps=model.cycles_to_ps(cycles), duration_cycles=cycles, aic_cores=aic,
-                  aiv_cores=aiv, pipe_busy_cycles=busy, hbm_read_byte=rd, hbm_write_byte=wr, l2_hit_byte=hit,
+                  aiv_cores=aiv, pipe_busy_cycles=MappingProxyType(dict(busy)), hbm_read_byte=rd, hbm_write_byte=wr, l2_hit_byte=hit,
                   macs=macs, vector_byte=vec_b, cube_peak_macs_per_cycle=peak)
