@@ -91,8 +91,10 @@ def main():
                    "them); packets (not available yet).")
 @click.option("--link-bin-ns", type=click.FloatRange(min=0), default=10_000, show_default=True,
               help="Width of the time bins of the per-link byte and busy-time counters, in ns (0: off).")
+@click.option("--fail", multiple=True, metavar="PART",
+              help="Take a part out of service: link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID (repeatable).")
 @reports_errors
-def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns):
+def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
     from cmemu.run import run_trace
 
@@ -101,7 +103,7 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
         output = Path(stem + ".h5")
     r = run_trace(trace, system=system, overrides=overrides, output=output,
                   native=(engine == "native"), progress=not quiet, max_memory_bytes=max_memory,
-                  compression=compression, detail=detail, link_bin_ns=link_bin_ns)
+                  compression=compression, detail=detail, link_bin_ns=link_bin_ns, fail=fail)
     if quiet:
         return
     L = r.lowered

@@ -27,3 +27,7 @@ class TraceError(CmemuError):
 
 class SimulationError(CmemuError):
     """A run cannot finish (ops blocked forever) or broke an invariant."""
+
+
+class UnroutableError(SimulationError):
+    """A message has no path left through the failed parts of the fabric (args[0]: its index)."""

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from cmemu._core import make_engine
-from cmemu.errors import CmemuError, SimulationError
+from cmemu.errors import CmemuError, SimulationError, UnroutableError
+from cmemu.faults import parse_failures
 from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
 from cmemu.lower.fabric import build_fabric
 from cmemu.spec import SystemSpec, load_system
@@ -32,12 +33,12 @@ CLOCK_LIMIT_PS = 2**62
 # Memory estimate (docs/model.md, "Memory"): bytes per item, measured with tracemalloc on this
 # implementation and rounded up. Parsing a JSON trace builds Python objects of 9 to 13 times the
 # file's size; the checked nodes take about 560 B each once the parsed document is dropped.
-BASELINE_BYTES = 200 * 2**20  # the interpreter, numpy, h5py and the topology of the largest preset
+BASELINE_BYTES = 256 * 2**20  # the interpreter, numpy, Numba, h5py, the largest preset's topology
 PARSE_BYTES_PER_FILE_BYTE = 16
 NODE_BYTES = 640
-OP_BYTES = 280  # lowered per-op arrays, engine state, timeline rows and the op's name
+OP_BYTES = 400  # lowered per-op arrays, engine state, timeline rows and the op's name
 EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
-MESSAGE_BYTES = 400  # lowered and engine per-message arrays, the lists they are built from
+MESSAGE_BYTES = 800  # lowered and engine per-message arrays, the lists they are built from
 LINK_BYTES = 200  # topology, fabric and engine per-link arrays, VOQ heads and tails
 PACKET_BYTES = 48  # one live packet in the engine's pool
 TRAFFIC_BYTES = 4  # per packet: the binned link counters, which grow with the traffic
@@ -248,7 +249,7 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps)
     per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
     try:
-        while not engine.run(EVENTS_PER_SLICE):
+        while not _run_slice(engine, lowered):
             if progress is not None:
                 progress.update(engine)
             # Storage grows by doubling, so it can hold twice the high-water mark.
@@ -273,6 +274,38 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     return engine
 
 
+def _run_slice(engine, lowered) -> bool:
+    try:
+        return engine.run(EVENTS_PER_SLICE)
+    except UnroutableError as exc:
+        m = exc.args[0]
+        op = int(lowered.msg_send_op[m]) if lowered.msg_send_op[m] >= 0 else int(lowered.msg_recv_op[m])
+        raise SimulationError(
+            f"a message from die {lowered.msg_src[m]} to die {lowered.msg_dst[m]} "
+            f"({_op_label(lowered, op)}) has no path left: every route crosses a failed part (--fail)"
+        ) from None
+
+
+def _op_label(lowered: Lowered, i: int) -> str:
+    if i >= lowered.num_trace_ops:
+        parent = int(lowered.op_parent[i])
+        return f"an internal op of {_op_label(lowered, parent)}" if parent >= 0 else f"internal op {i}"
+    return (f"node {lowered.op_node_id[i]} '{lowered.op_name[i]}' "
+            f"({OP_TYPES[lowered.op_type[i]]}, rank {lowered.op_rank[i]}, stream {lowered.op_stream[i]})")
+
+
+def check_failed_dies(lowered: Lowered, failures) -> None:
+    """An op placed on a failed die cannot run: say which, before the run."""
+    if not failures.dies:
+        return
+    on_dead = np.flatnonzero(np.isin(lowered.op_rank[:lowered.num_trace_ops], sorted(failures.dies)))
+    if on_dead.size:
+        i = int(on_dead[0])
+        more = f" (and {on_dead.size - 1} more ops)" if on_dead.size > 1 else ""
+        raise SimulationError(f"{_op_label(lowered, i)} needs die {lowered.op_rank[i]}, which has failed "
+                              f"(--fail die:{lowered.op_rank[i]}){more}")
+
+
 def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
     """Name the ops that can never finish and why (a receive whose send never ran, ...)."""
     start = np.asarray(engine.op_start_ps)
@@ -282,13 +315,7 @@ def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
     lines = []
 
     def label(i):
-        if i >= lowered.num_trace_ops:
-            parent = int(lowered.op_parent[i])
-            return f"an internal op of {label(parent)}" if parent >= 0 else f"internal op {i}"
-        return (
-            f"node {lowered.op_node_id[i]} '{lowered.op_name[i]}' "
-            f"({OP_TYPES[lowered.op_type[i]]}, rank {lowered.op_rank[i]}, stream {lowered.op_stream[i]})"
-        )
+        return _op_label(lowered, i)
 
     # Ops that started but cannot end: receives waiting for a message first, they are the roots.
     for i in blocked:
@@ -324,6 +351,7 @@ def run_trace(
     detail: str = "tasks",
     link_bin_ns: float = DEFAULT_LINK_BIN_NS,
     spec: SystemSpec | None = None,
+    fail=(),
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
 
@@ -357,7 +385,9 @@ def run_trace(
             "raise --max-memory or split the trace"
         )
     lowered = lower(trace, topo)
-    fabric = build_fabric(topo)
+    failures = parse_failures(list(fail) + _trace_failures(trace), topo)
+    check_failed_dies(lowered, failures)
+    fabric = build_fabric(topo, failures)
     check_clock_range(lowered, fabric)
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
     queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
@@ -403,6 +433,22 @@ def _check_file_size(path: Path, limit: int) -> None:
             f"{path}: reading this {format_bytes(size)} trace needs about {format_bytes(need)}, "
             f"more than the limit of {format_bytes(limit)}; raise --max-memory or split the trace"
         )
+
+
+def _trace_failures(trace) -> list[str]:
+    """Failures the trace's header schedules (``cmemu.faults``: [{"fail": "l2:0.3", "at_ns": 0}])."""
+    from cmemu.faults import FaultError
+
+    out = []
+    for k, entry in enumerate(trace.header.get("cmemu.faults", [])):
+        if not isinstance(entry, dict) or not isinstance(entry.get("fail"), str):
+            raise FaultError(f"{trace.path}: header cmemu.faults[{k}] must be {{\"fail\": \"l2:PLANE.CHIP\", ...}}")
+        at = entry.get("at_ns", 0)
+        if at != 0:
+            raise FaultError(f"{trace.path}: header cmemu.faults[{k}]: at_ns {at}: failures during a run are not "
+                             "modelled yet; only failures from the start (at_ns 0)")
+        out.append(entry["fail"])
+    return out
 
 
 def trace_result(full: RunResult) -> RunResult:

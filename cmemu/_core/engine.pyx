@@ -33,6 +33,8 @@ from libc.stdint cimport int64_t, int32_t, uint8_t, uint64_t
 import numpy as np
 cimport numpy as cnp
 
+from cmemu.errors import UnroutableError
+
 cnp.import_array()
 
 cdef extern from *:
@@ -191,6 +193,7 @@ cdef class Engine:
     cdef const int64_t[::1] link_rate
     cdef const int64_t[::1] link_lat
     cdef const int32_t[::1] link_in_slot
+    cdef const uint8_t[::1] link_alive
     cdef const int64_t[::1] voq_base
     cdef const int32_t[::1] voq_slots
     cdef int64_t[::1] credits
@@ -301,6 +304,7 @@ cdef class Engine:
         self.link_rate = F.link_rate_byte_per_s
         self.link_lat = F.link_latency_ps
         self.link_in_slot = F.link_in_slot
+        self.link_alive = F.link_alive
         self.voq_base = F.link_voq_base
         self.voq_slots = F.link_voq_slots
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).astype(np.int64)
@@ -528,6 +532,25 @@ cdef class Engine:
             return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
 
+    cdef bint path_alive(self, int32_t m, int plane, int uplink) noexcept nogil:
+        """Whether every link of message m's path on (plane, uplink) is up, both ways for a read."""
+        cdef int path = self.msg_path[m], hop, leg
+        cdef int32_t link, s, d
+        for leg in range(2 if self.msg_kind[m] == MSG_READ else 1):
+            if leg == 0 and self.msg_kind[m] == MSG_READ:
+                s, d = self.msg_dst[m], self.msg_src[m]
+            else:
+                s, d = self.msg_src[m], self.msg_dst[m]
+            hop = 0
+            while True:
+                link = self.route_link(path, s, d, plane, uplink, hop)
+                if link < 0:
+                    break
+                if not self.link_alive[link]:
+                    return False
+                hop += 1
+        return True
+
     cdef inline void leg_ends(self, int32_t p, int32_t* s, int32_t* d) noexcept nogil:
         """Endpoints of the packet's current leg (a read's request goes the other way)."""
         cdef int32_t m = self.pkts[p].msg
@@ -750,7 +773,7 @@ cdef class Engine:
     cdef int inject(self, int32_t ep) except -1:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
         cdef int32_t m, p, first, s, d
-        cdef int64_t payload, idx
+        cdef int64_t payload, idx, tries
         cdef int path, kind
         while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
             m = self.ep_qhead[ep]
@@ -774,6 +797,19 @@ cdef class Engine:
                 idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
             else:
                 idx = self.msg_hash[m] % (self.P * self.U)
+            # A path through a failed link is replaced by another drawn by a hash of the message,
+            # packet and try (so the lost paths' share spreads over the others); after 2 x paths
+            # draws, the first live path in order; none at all is an error.
+            tries = 0
+            while not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
+                tries += 1
+                if path != PATH_UB or tries > 3 * self.P * self.U:
+                    self.packet_release(p)
+                    raise UnroutableError(m)
+                if tries <= 2 * self.P * self.U:
+                    idx = (self.msg_hash[m] * 2654435761 + self.msg_seq[m] * 40503 + tries * 97) % (self.P * self.U)
+                else:
+                    idx = tries - 2 * self.P * self.U - 1
             self.pkts[p].plane = <uint8_t>(idx % self.P)
             self.pkts[p].uplink = <int32_t>(idx // self.P)
             self.msg_offset[m] += payload

@@ -9,6 +9,8 @@ import heapq
 
 import numpy as np
 
+from cmemu.errors import UnroutableError
+
 from cmemu.lower.fabric import (
     LB_SPRAY,
     MSG_READ,
@@ -20,6 +22,7 @@ from cmemu.lower.fabric import (
     PKT_READ_REQ,
     PKT_READ_RESP,
     PKT_WRITE,
+    PATH_UB,
 )
 
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
@@ -100,6 +103,7 @@ class Engine:
         self.link_rate = F.link_rate_byte_per_s.tolist()
         self.link_lat = F.link_latency_ps.tolist()
         self.link_in_slot = F.link_in_slot.tolist()
+        self.link_alive = F.link_alive.tolist()
         self.voq_base = F.link_voq_base.tolist()
         self.voq_slots = F.link_voq_slots.tolist()
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).tolist()
@@ -195,6 +199,23 @@ class Engine:
             count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
             return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
+
+    def path_alive(self, m, plane, uplink):
+        path = self.msg_path[m]
+        for leg in range(2 if self.msg_kind[m] == MSG_READ else 1):
+            if leg == 0 and self.msg_kind[m] == MSG_READ:
+                s, d = self.msg_dst[m], self.msg_src[m]
+            else:
+                s, d = self.msg_src[m], self.msg_dst[m]
+            hop = 0
+            while True:
+                link = self.route_link(path, s, d, plane, uplink, hop)
+                if link < 0:
+                    break
+                if not self.link_alive[link]:
+                    return False
+                hop += 1
+        return True
 
     def leg_ends(self, p):
         pk = self.pkts[p]
@@ -369,6 +390,17 @@ class Engine:
                 idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
             else:
                 idx = self.msg_hash[m] % (self.P * self.U)
+            tries = 0
+            pu = self.P * self.U
+            while not self.path_alive(m, idx % self.P, idx // self.P):
+                tries += 1
+                if path != PATH_UB or tries > 3 * pu:
+                    self.packet_release(p)
+                    raise UnroutableError(m)
+                if tries <= 2 * pu:
+                    idx = (self.msg_hash[m] * 2654435761 + self.msg_seq[m] * 40503 + tries * 97) % pu
+                else:
+                    idx = tries - 2 * pu - 1
             pk.plane = idx % self.P
             pk.uplink = idx // self.P
             self.msg_offset[m] += payload

@@ -71,6 +71,7 @@ class Fabric:
     rdma_down: np.ndarray  # int32 [D]
     load_balancing: int
     num_nodes: int
+    link_alive: np.ndarray  # uint8 [L]: 0 for a failed link (cmemu.faults)
 
     def wire_bytes(self, path: int, ptype: int, payload: int) -> int:
         """Bytes a packet occupies on a link: payload + header, in whole flits."""
@@ -79,7 +80,8 @@ class Fabric:
         return -(-raw // flit) * flit
 
 
-def build_fabric(topo: Topology) -> Fabric:
+def build_fabric(topo: Topology, failures=None) -> Fabric:
+    """The fabric of a topology; ``failures`` (cmemu.faults.Failures) takes links out of service."""
     spec = topo.spec
     ub, die = spec.ub, spec.die
     L = topo.num_links
@@ -165,4 +167,12 @@ def build_fabric(topo: Topology) -> Fabric:
         rdma_down=topo.rdma_down.astype(np.int32),
         load_balancing=LB_SPRAY if ub.load_balancing == "spray" else LB_HASH,
         num_nodes=spec.nodes,
+        link_alive=_alive(L, failures),
     )
+
+
+def _alive(n_links: int, failures) -> np.ndarray:
+    alive = np.ones(n_links, dtype=np.uint8)
+    if failures is not None and failures.links:
+        alive[sorted(failures.links)] = 0
+    return alive

@@ -467,6 +467,8 @@ def _check(doc, path: str, num_ranks: int, build: bool):
     found = []  # (index of the node in file order, -1 for the header; TraceError)
 
     def err(index, message, node_id=None, fld=None):
+        if type(fld) is str and not fld.isprintable():
+            fld = json.dumps(fld)[1:-1]  # a key with a line break or control character, escaped
         found.append((index, TraceError(path, message, node_id, fld)))
 
     def done(nodes):

@@ -1,0 +1,86 @@
+"""Failed parts of the fabric: ``--fail link:ID``, ``l1:NODE.PLANE``, ``l2:PLANE.CHIP``, ``die:ID``.
+
+A failed part takes every link that touches it out of service from the start of the run: the
+engine's path choice skips any sub-plane and L2 chip whose path crosses a dead link, so traffic
+moves to the remaining paths; a message with no path left stops the run with an error naming it.
+A failed die also fails every op placed on it. (Failures during a run, with packets lost in
+flight and retransmitted, are not modelled yet.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cmemu.errors import CmemuError
+from cmemu.topology import V_DIE, Topology
+
+
+class FaultError(CmemuError):
+    """A --fail specification that does not name a part of the system."""
+
+
+@dataclass(frozen=True)
+class Failures:
+    """What is down: directed link ids, and dies."""
+
+    links: frozenset
+    dies: frozenset
+    specs: tuple
+
+    @property
+    def any(self) -> bool:
+        return bool(self.links or self.dies)
+
+
+NONE = Failures(frozenset(), frozenset(), ())
+
+
+def _ints(spec: str, text: str, count: int) -> list[int]:
+    parts = text.split(".")
+    if len(parts) != count or not all(p.isdigit() for p in parts):
+        shape = ".".join(["N"] * count)
+        raise FaultError(f"--fail {spec}: expected {spec.split(':')[0]}:{shape} with whole numbers")
+    return [int(p) for p in parts]
+
+
+def parse_failures(specs, topo: Topology) -> Failures:
+    """Turn ``--fail`` strings into the set of dead links (both directions of what they name)."""
+    if not specs:
+        return NONE
+    s = topo.spec
+    P, C = s.ub.sub_planes, s.ub.l2_chips_per_sub_plane
+    E = topo.num_endpoints
+    l1_base = E
+    l2_base = l1_base + s.nodes * P
+    dead_vertices, dead_links, dead_dies = set(), set(), set()
+    for spec in specs:
+        kind, _, arg = str(spec).partition(":")
+        if kind == "link":
+            (lid,) = _ints(spec, arg, 1)
+            if lid >= topo.num_links:
+                raise FaultError(f"--fail {spec}: there are {topo.num_links} links (0..{topo.num_links - 1})")
+            dead_links.add(lid)
+        elif kind == "l1":
+            node, plane = _ints(spec, arg, 2)
+            if node >= s.nodes or plane >= P:
+                raise FaultError(f"--fail {spec}: L1 chips are NODE 0..{s.nodes - 1} . PLANE 0..{P - 1}")
+            dead_vertices.add(l1_base + node * P + plane)
+        elif kind == "l2":
+            plane, chip = _ints(spec, arg, 2)
+            if plane >= P or chip >= C:
+                raise FaultError(f"--fail {spec}: L2 chips are PLANE 0..{P - 1} . CHIP 0..{C - 1}")
+            dead_vertices.add(l2_base + plane * C + chip)
+        elif kind == "die":
+            (die,) = _ints(spec, arg, 1)
+            if die >= s.dies:
+                raise FaultError(f"--fail {spec}: dies are 0..{s.dies - 1}")
+            dead_vertices.add(die)
+            dead_dies.add(die)
+        else:
+            raise FaultError(f"--fail {spec}: expected link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID")
+    if dead_vertices:
+        touch = np.isin(topo.link_src, list(dead_vertices)) | np.isin(topo.link_dst, list(dead_vertices))
+        dead_links.update(np.flatnonzero(touch).tolist())
+    assert all(topo.vertex_kind[d] == V_DIE for d in dead_dies)
+    return Failures(frozenset(dead_links), frozenset(dead_dies), tuple(map(str, specs)))

@@ -1,0 +1,110 @@
+"""Failed parts (issue 8, static failures): routes avoid them; what cannot run says why."""
+import json
+
+import numpy as np
+import pytest
+
+from cmemu.errors import CmemuError, SimulationError
+from cmemu.faults import FaultError, parse_failures
+from cmemu.lower.fabric import build_fabric
+from cmemu.run import run_trace
+from cmemu.scenarios.ub_p2p import all_to_all
+from cmemu.spec import load_system
+from cmemu.topology import build_topology
+from conftest import TRACES
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return build_topology(load_system("mini"))
+
+
+def test_parse_names_the_links(topo):
+    f = parse_failures(["l2:3.5"], topo)
+    l2 = topo.num_endpoints + topo.spec.nodes * 7 + 3 * 16 + 5
+    touching = np.flatnonzero((topo.link_src == l2) | (topo.link_dst == l2))
+    # On mini each L2 chip has one uplink from each of the 2 nodes' L1 chips of its plane: 2 cables,
+    # 4 directed links.
+    assert f.links == frozenset(touching.tolist()) and len(touching) == 4
+    assert parse_failures(["die:7"], topo).dies == {7}
+    assert parse_failures(["link:12"], topo).links == {12}
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("l2:7.0", "PLANE 0..6"), ("l1:2.0", "NODE 0..1"), ("die:32", "0..31"), ("link:99999", "links"),
+    ("l2:1", "l2:N.N"), ("switch:1", "expected link:ID"),
+])
+def test_bad_specs(topo, spec, words):
+    with pytest.raises(FaultError, match=words):
+        parse_failures([spec], topo)
+
+
+def _write(tmp_path, doc, name="t.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _pair_doc(src, dst, size, **header):
+    return {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini", **header, "nodes": [
+        {"id": 0, "type": "COMM_SEND", "rank": src, "attrs": {"comm_dst": dst, "comm_size": size}},
+        {"id": 1, "type": "COMM_RECV", "rank": dst, "attrs": {"comm_src": src, "comm_size": size}}]}
+
+
+def test_routes_avoid_a_failed_l2_chip(tmp_path, topo):
+    path = _write(tmp_path, _pair_doc(0, 16, 2**20))
+    healthy = run_trace(path, progress=False)
+    failed = run_trace(path, progress=False, fail=["l2:2.4"])
+    dead = sorted(parse_failures(["l2:2.4"], topo).links)
+    assert healthy.link_bytes[dead].sum() > 0  # spraying used that chip ...
+    assert failed.link_bytes[dead].sum() == 0  # ... and avoids it once it has failed
+    assert failed.link_bytes.sum() == healthy.link_bytes.sum()  # the same packets, other paths
+
+
+def test_native_and_reference_agree_with_failures(tmp_path):
+    path = _write(tmp_path, _pair_doc(3, 20, 300_000))
+    a = run_trace(path, progress=False, fail=["l2:0.0", "l1:1.3"], native=True)
+    b = run_trace(path, progress=False, fail=["l2:0.0", "l1:1.3"], native=False)
+    np.testing.assert_array_equal(a.op_end_ps, b.op_end_ps)
+    np.testing.assert_array_equal(a.link_bytes, b.link_bytes)
+
+
+def test_op_on_a_failed_die_is_an_error(tmp_path):
+    with pytest.raises(SimulationError, match=r"node 1 .* needs die 16, which has failed"):
+        run_trace(_write(tmp_path, _pair_doc(0, 16, 512)), progress=False, fail=["die:16"])
+
+
+def test_no_path_left_is_an_error_naming_the_message(tmp_path):
+    every_l1 = [f"l1:0.{p}" for p in range(7)]
+    with pytest.raises(SimulationError, match=r"from die 0 to die 16 \(node 0 .*\) has no path left"):
+        run_trace(_write(tmp_path, _pair_doc(0, 16, 512)), progress=False, fail=every_l1)
+
+
+def test_fault_schedule_in_the_trace(tmp_path):
+    doc = _pair_doc(0, 16, 2**20, **{"cmemu.faults": [{"fail": "l2:2.4"}]})
+    r = run_trace(_write(tmp_path, doc), progress=False)
+    topo = build_topology(load_system("mini"))
+    assert r.link_bytes[sorted(parse_failures(["l2:2.4"], topo).links)].sum() == 0
+    later = _pair_doc(0, 16, 512, **{"cmemu.faults": [{"fail": "l2:2.4", "at_ns": 1000}]})
+    with pytest.raises(CmemuError, match="during a run are not modelled yet"):
+        run_trace(_write(tmp_path, later, "later.json"), progress=False)
+
+
+def test_all_to_all_degrades_with_failed_chips(topo):
+    healthy = all_to_all(topo, build_fabric(topo), 32, 65536)
+    some = all_to_all(topo, build_fabric(topo, parse_failures([f"l2:{j % 7}.{j // 7}" for j in range(16)], topo)),
+                      32, 65536)
+    l1 = all_to_all(topo, build_fabric(topo, parse_failures(["l1:0.0"], topo)), 32, 65536)
+    key = "bandwidth_per_die_mean_gbyte_per_s"
+    assert some[key] < healthy[key]
+    # A node that lost one of its 7 L1 chips keeps 6/7 of its ports: its dies slow down most.
+    assert l1["bandwidth_per_die_min_gbyte_per_s"] < 0.95 * healthy["bandwidth_per_die_min_gbyte_per_s"]
+    assert l1[key] > 0.5 * healthy[key]
+
+
+def test_cli_fail_option(cli, tmp_path):
+    out = tmp_path / "o.h5"
+    ok = cli("run", TRACES / "mini_moe_layer.json", "-o", out, "-q", "--fail", "l2:0.3")
+    assert ok.returncode == 0 and out.exists()
+    bad = cli("run", TRACES / "mini_moe_layer.json", "-o", tmp_path / "x.h5", "--fail", "l2:9.9", check=False)
+    assert bad.returncode == 2 and "l2:9.9" in bad.stderr and not (tmp_path / "x.h5").exists()
