@@ -117,8 +117,8 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
     click.echo(f"cmemu run {trace} on {r.spec.name} ({r.spec.dies} dies)")
     click.echo(f"  simulated time  {r.sim_end_ps / 1e6:,.3f} us")
     click.echo(f"  ops             {L.num_ops:,} ({types})")
-    click.echo(f"  messages        {L.num_messages:,} ({int(r.msg_packets.sum()):,} packets, "
-               f"{int(L.msg_bytes.sum()):,} B, {r.packets_sent:,} packet-hops)")
+    click.echo(f"  messages        {r.fabric_messages:,} ({r.fabric_packets:,} packets, {r.fabric_bytes:,} B, "
+               f"{r.packets_sent:,} packet-hops), collectives' included")
     click.echo(f"  events          {r.events:,} (at most {r.max_pending_events:,} pending)")
     click.echo(f"  wall time       {r.wall_time_s:.3f} s ({rate / 1e6:.2f} M events/s)")
     click.echo(f"  timeline        {output}")

@@ -197,6 +197,9 @@ class RunResult:
     msg_packets: np.ndarray | None = None  # int64 [msgs]: packets each message was cut into
     msg_delivered_ps: np.ndarray | None = None  # int64 [msgs]: when its last byte was in memory
     packets_sent: int = 0  # packet transmissions, one per packet per link
+    fabric_messages: int = 0  # every message the run moved, collectives' included
+    fabric_packets: int = 0
+    fabric_bytes: int = 0
 
     @property
     def sim_end_ps(self) -> int:
@@ -471,6 +474,8 @@ def trace_result(full: RunResult) -> RunResult:
     return dataclasses.replace(
         full, lowered=view, op_start_ps=start[:nt], op_end_ps=full.op_end_ps[:nt], tasks=tasks,
         msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],
+        fabric_messages=L.num_messages, fabric_packets=int(full.msg_packets.sum()),
+        fabric_bytes=int(L.msg_bytes.sum()),
     )
 
 
