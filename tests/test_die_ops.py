@@ -184,3 +184,32 @@ def test_a_dtype_the_cube_lacks_is_an_error_naming_the_dtype(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=r"node 4: field 'cmemu.dtype': the cube has no fp32 mode"):
         run_trace(path, progress=False)
+
+
+def test_mla_attention_is_the_attention_phase_of_mla_decode(model):
+    from cmemu.die.mla import mla_attention_cost
+
+    full = mla_decode_cost(model, 16, 1024, cores=8)
+    att = mla_attention_cost(model, 16, 1024, cores=8)
+    assert next(p for p in full.phases if p.op == "mla_attention") == att
+    assert full.duration_ps > att.duration_ps
+
+
+def test_the_schema_knows_the_operators():
+    jsonschema = pytest.importorskip("jsonschema")
+    from cmemu.trace import schema_path
+
+    schema = json.loads(schema_path().read_text())
+
+    def doc(attrs):
+        return {"schema": "cmemu.trace", "version": 1, "time_unit": "ns",
+                "nodes": [{"id": 0, "type": "COMP", "rank": 0, "attrs": attrs}]}
+
+    good = {"cmemu.op": "grouped_gemm", "cmemu.m": 64, "cmemu.n": 64, "cmemu.k": 64, "cmemu.groups": 2,
+            "cmemu.dtype": "int8", "cmemu.cores": 8}
+    jsonschema.validate(doc(good), schema)
+    jsonschema.validate(doc({"cmemu.op": "mla_attention", "cmemu.tokens": 8, "cmemu.kv_len": 512}), schema)
+    for bad in ({**good, "num_ops": 5}, {"cmemu.op": "gemm", "cmemu.m": 1, "cmemu.n": 1},
+                {"cmemu.op": "rmsnorm", "cmemu.rows": 0, "cmemu.cols": 3}, {"cmemu.op": "nope"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc(bad), schema)

@@ -1,7 +1,9 @@
 """Multi-head latent attention (MLA, DeepSeek-V3 [DSV3]) on one die: decode in the absorbed form
 and prefill in the plain form, each as its phases run back to back on the op's cores.
 
-Decode (absorbed; per step, ``tokens`` queries each attending to ``kv_len`` cached positions):
+Decode (absorbed; per step, ``tokens`` queries each attending to ``kv_len`` cached positions;
+``mla_attention_cost`` is its attention phase alone, for traces that write the projections as
+ops of their own):
   prologue (MLAProlog): RMSNorm(x) -> q_a projection -> RMSNorm -> q_b projection (heads x
   (nope + rope)); kv_a projection -> RMSNorm of the latent; RoPE on q_pe and k_pe; absorb W_uk
   into q (per head nope x kv_lora);
@@ -91,16 +93,21 @@ def _prologue(model, tokens, s: MLAShape, aic, aiv, native, absorbed: bool):
     return phases
 
 
-def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape = MLAShape(), dtype: str = "bf16",
-                    cores: int | None = None, native: bool = True) -> OpCost:
-    """One absorbed MLA decode op on ``cores`` AIC (and twice as many AIV)."""
+def _mla_cores(model: DieModel, cores: int | None) -> int:
     d = model.die
     aic = d.aic_cores if cores is None else cores
     if not 1 <= aic <= d.aic_cores or 2 * aic > d.aiv_cores:
         raise ValueError(f"{aic} AIC (+{2 * aic} AIV) requested, the die has {d.aic_cores} AIC, {d.aiv_cores} AIV")
+    return aic
+
+
+def mla_attention_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape = MLAShape(),
+                       dtype: str = "bf16", cores: int | None = None, native: bool = True) -> OpCost:
+    """The attention core of absorbed MLA decode alone (no projections): each token's queries
+    (all heads, kv_lora + rope values each) against its ``kv_len`` cached latents."""
+    aic = _mla_cores(model, cores)
     if tokens <= 0 or kv_len <= 0:
         raise ValueError(f"MLA decode needs tokens > 0 and kv_len > 0, got {tokens}, {kv_len}")
-    aiv = 2 * aic
     s = shape
     d_qk = s.kv_lora_rank + s.qk_rope
     ib = DTYPE_BYTES[dtype]
@@ -110,8 +117,18 @@ def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape =
     kv_blocks = np.full(tokens, nb, dtype=np.int64)
     lens = np.tile(np.minimum(blk, kv_len - np.arange(nb) * blk), tokens).astype(np.int64)
     objs = np.arange(tokens * nb, dtype=np.int64)  # every token has its own cache
-    attn = attention_cost(model, "mla_attention", tokens, kv_blocks, s.heads, d_qk, s.kv_lora_rank, blk, lens,
+    return attention_cost(model, "mla_attention", tokens, kv_blocks, s.heads, d_qk, s.kv_lora_rank, blk, lens,
                           True, dtype, objs, s.heads * d_qk * ib, aic, native)
+
+
+def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape = MLAShape(), dtype: str = "bf16",
+                    cores: int | None = None, native: bool = True) -> OpCost:
+    """One absorbed MLA decode op (prologue, attention, W_uv) on ``cores`` AIC (and twice as
+    many AIV)."""
+    aic = _mla_cores(model, cores)
+    aiv = 2 * aic
+    s = shape
+    attn = mla_attention_cost(model, tokens, kv_len, shape, dtype, aic, native)
     phases = _prologue(model, tokens, s, aic, aiv, native, absorbed=True)
     phases.append(attn)
     phases.append(gemm_cost(model, tokens, s.v_head, s.kv_lora_rank, s.heads, "bf16", cores=aic, native=native,
@@ -122,10 +139,7 @@ def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape =
 def mla_prefill_cost(model: DieModel, tokens: int, shape: MLAShape = MLAShape(), dtype: str = "bf16",
                      cores: int | None = None, native: bool = True) -> OpCost:
     """MLA prefill of one causal sequence of ``tokens`` (not absorbed) on ``cores`` AIC."""
-    d = model.die
-    aic = d.aic_cores if cores is None else cores
-    if not 1 <= aic <= d.aic_cores or 2 * aic > d.aiv_cores:
-        raise ValueError(f"{aic} AIC (+{2 * aic} AIV) requested, the die has {d.aic_cores} AIC, {d.aiv_cores} AIV")
+    aic = _mla_cores(model, cores)
     if tokens <= 0:
         raise ValueError(f"MLA prefill needs tokens > 0, got {tokens}")
     aiv = 2 * aic

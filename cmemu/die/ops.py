@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from cmemu.die.gemm import gemm_cost
 from cmemu.die.kernels import VECTOR_OPS, generic_cost, vector_cost
-from cmemu.die.mla import MLAShape, mla_decode_cost, mla_prefill_cost
+from cmemu.die.mla import MLAShape, mla_attention_cost, mla_decode_cost, mla_prefill_cost
 from cmemu.die.model import DieModel, OpCost
 from cmemu.trace.ir import COMP_OPS
 
@@ -42,9 +42,10 @@ def _cost(die, key) -> OpCost:
     if op in ("gemm", "grouped_gemm"):
         return gemm_cost(model, a["cmemu.m"], a["cmemu.n"], a["cmemu.k"], a.get("cmemu.groups", 1), dtype, cores,
                          a.get("cmemu.tile_m", 128), a.get("cmemu.tile_n", 152), op=op)
-    if op == "mla_decode":
+    if op in ("mla_decode", "mla_attention"):
         shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
-        return mla_decode_cost(model, a["cmemu.tokens"], a["cmemu.kv_len"], shape, dtype, cores)
+        fn = mla_decode_cost if op == "mla_decode" else mla_attention_cost
+        return fn(model, a["cmemu.tokens"], a["cmemu.kv_len"], shape, dtype, cores)
     if op == "mla_prefill":
         shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
         return mla_prefill_cost(model, a["cmemu.tokens"], shape, dtype, cores)

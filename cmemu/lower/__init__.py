@@ -132,7 +132,7 @@ def comp_cores(node, die) -> tuple[int, int]:
     unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
     total = die.aic_cores if unit == "aic" else die.aiv_cores
     cores = attrs.get("cmemu.cores", total)
-    if op in ("mla_decode", "mla_prefill"):
+    if op in ("mla_decode", "mla_attention", "mla_prefill"):
         return cores, 2 * cores
     return (cores, 0) if unit == "aic" else (0, cores)
 

@@ -24,7 +24,7 @@ def _check_cores(node, die: DieSpec, path: str) -> None:
     if cores > total:
         raise TraceError(path, f"{cores} cores requested, the die has {total} {unit.upper()} cores", node.id,
                          "cmemu.cores")
-    if op in ("mla_decode", "mla_prefill") and 2 * cores > die.aiv_cores:
+    if op in ("mla_decode", "mla_attention", "mla_prefill") and 2 * cores > die.aiv_cores:
         raise TraceError(path, f"{cores} AIC need {2 * cores} AIV beside them, the die has {die.aiv_cores}",
                          node.id, "cmemu.cores")
 

@@ -53,6 +53,7 @@ COMP_OPS = {
     "gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k"), ("cmemu.tile_m", "cmemu.tile_n")),
     "grouped_gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups"), ("cmemu.tile_m", "cmemu.tile_n")),
     "mla_decode": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
+    "mla_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
     "mla_prefill": ("aic", ("cmemu.tokens",), ("cmemu.heads",)),
     "rmsnorm": _ROWS_COLS,
     "rope": _ROWS_COLS,
