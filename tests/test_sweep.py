@@ -160,12 +160,20 @@ def test_documented_example_loads(tmp_path):
     assert all(p.config["overrides"]["ub.load_balancing"] == "spray" for p in sw.points)
 
 
-def test_shipped_example_sweeps_load():
+def test_shipped_example_sweeps_run(tmp_path):
+    """Each shipped sweep loads, and its first (smallest) point runs, in this process: the
+    examples cannot rot silently when a scenario changes its options."""
+    from cmemu.sweep.point import run_point
+
     paths = sorted((REPO / "traces" / "sweeps").glob("*.toml"))
-    assert len(paths) >= 2
+    assert len(paths) >= 4
     for path in paths:
         sw = load_sweep(path)
         assert sw.points and sw.description
+        first = sw.points[0]
+        out = run_point(first.config, first.trace_path, str(tmp_path))
+        assert out["status"] == "ok", (path.name, out.get("error"))
+        assert all(out["tables"].values()), path.name
 
 
 # -- running ------------------------------------------------------------------------------------
