@@ -7,7 +7,7 @@ import pytest
 from cmemu.errors import SpecError
 from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import MSG_ATOMIC, MSG_READ, MSG_WRITE, build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.ub_p2p import all_to_all, bandwidth_byte_per_s, latency_ps
 from cmemu.spec import load_system
@@ -47,6 +47,21 @@ def test_read_by_hand():
                 + 2 * ser(540) + hop_lat)
     assert int(e.op_end_ps[0]) == expected
     assert e.packets_sent == 4  # request and response, two links each
+
+
+def test_atomic_by_hand():
+    # Die 0 atomically updates 8 B on die 2: the request carries the operand (28 + 8 B: two
+    # flits), the target reads and writes HBM, the old value comes back (two flits).
+    topo, fabric = fabric_for()
+    ub = topo.spec.ub
+    wire, switch = round(ub.link_latency_ns * 1000), round(ub.switch_latency_ns * 1000)
+    hop_lat = wire + (wire + switch)
+    table = MessageTable()
+    table.add(topo, 2, 0, 8, "ub", send_op=-1, recv_op=0, kind=MSG_ATOMIC)
+    e = simulate(lowered_from_parts([OP_KIND_RECV], [0], [], [], table, op_msg=[0], rank=[0]), fabric)
+    hbm = round(347 * 1e6 / 1800) + round(203 * 1e6 / 1800)
+    expected = round(ub.initiator_startup_ns * 1000) + 2 * ser(40) + hop_lat + hbm + 2 * ser(40) + hop_lat
+    assert int(e.op_end_ps[0]) == expected
 
 
 def test_write_to_cpu_by_hand():

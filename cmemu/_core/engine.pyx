@@ -64,6 +64,7 @@ cdef enum:
     PKT_ACK = 3
     MSG_WRITE = 0
     MSG_READ = 1
+    MSG_ATOMIC = 2
     LB_SPRAY = 0
 
 # Event types. Ties at equal time break by sequence number, not by type.
@@ -536,8 +537,8 @@ cdef class Engine:
         """Whether every link of message m's path on (plane, uplink) is up, both ways for a read."""
         cdef int path = self.msg_path[m], hop, leg
         cdef int32_t link, s, d
-        for leg in range(2 if self.msg_kind[m] == MSG_READ else 1):
-            if leg == 0 and self.msg_kind[m] == MSG_READ:
+        for leg in range(2 if self.msg_kind[m] != MSG_WRITE else 1):
+            if leg == 0 and self.msg_kind[m] != MSG_WRITE:
                 s, d = self.msg_dst[m], self.msg_src[m]
             else:
                 s, d = self.msg_src[m], self.msg_dst[m]
@@ -554,7 +555,7 @@ cdef class Engine:
     cdef inline void leg_ends(self, int32_t p, int32_t* s, int32_t* d) noexcept nogil:
         """Endpoints of the packet's current leg (a read's request goes the other way)."""
         cdef int32_t m = self.pkts[p].msg
-        if self.msg_kind[m] == MSG_READ and self.pkts[p].leg == 0:
+        if self.msg_kind[m] != MSG_WRITE and self.pkts[p].leg == 0:
             s[0] = self.msg_dst[m]
             d[0] = self.msg_src[m]
         else:
@@ -751,7 +752,7 @@ cdef class Engine:
                 self.push(t, EV_OP_DONE, op)  # the holder of read data has nothing to do
         else:  # K_RECV
             msg = self.op_msg[op]
-            if self.msg_kind[msg] == MSG_READ:
+            if self.msg_kind[msg] != MSG_WRITE:
                 self.push(t + self.ep_startup[self.msg_dst[msg]], EV_MSG_START, msg)
             if self.msg_delivered[msg] >= 0:
                 self.push(t, EV_OP_DONE, op)
@@ -791,8 +792,9 @@ cdef class Engine:
             self.pkts[p].in_link = -1
             self.pkts[p].vl = 0
             self.pkts[p].ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
+            # A read request carries no data; an atomic's carries its operand.
             self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype,
-                                                           payload if kind == MSG_WRITE else 0)
+                                                           0 if kind == MSG_READ else payload)
             if self.lb == LB_SPRAY:
                 idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
             else:
@@ -823,7 +825,7 @@ cdef class Engine:
             if self.ep_issue_free[ep] < self.now:
                 self.ep_issue_free[ep] = self.now
             self.pkts[p].ready = self.ep_issue_free[ep]
-            self.ep_issue_free[ep] += self.ep_issue[ep * 2 + kind]
+            self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             self.leg_ends(p, &s, &d)
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             self.voq_append(first, 0, p)
@@ -881,7 +883,11 @@ cdef class Engine:
                 self.push(t, EV_MSG_DELIVERED, m)
             self.push(t + self.ack_trip_ps(p), EV_ACK, p)
         elif self.pkts[p].ptype == PKT_READ_REQ:
-            self.push(self.now + self.ep_read_lat[self.msg_src[m]], EV_RESP_INJECT, p)
+            # A read reads the target's memory; an atomic reads, modifies and writes it.
+            t = self.now + self.ep_read_lat[self.msg_src[m]]
+            if self.msg_kind[m] == MSG_ATOMIC:
+                t += self.ep_write_lat[self.msg_src[m]]
+            self.push(t, EV_RESP_INJECT, p)
         else:  # read response, back at the initiator
             d = self.msg_dst[m]
             self.ep_outstanding[d] -= 1

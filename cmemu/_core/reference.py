@@ -13,6 +13,7 @@ from cmemu.errors import UnroutableError
 
 from cmemu.lower.fabric import (
     LB_SPRAY,
+    MSG_ATOMIC,
     MSG_READ,
     MSG_WRITE,
     NUM_VLS,
@@ -202,8 +203,8 @@ class Engine:
 
     def path_alive(self, m, plane, uplink):
         path = self.msg_path[m]
-        for leg in range(2 if self.msg_kind[m] == MSG_READ else 1):
-            if leg == 0 and self.msg_kind[m] == MSG_READ:
+        for leg in range(2 if self.msg_kind[m] != MSG_WRITE else 1):
+            if leg == 0 and self.msg_kind[m] != MSG_WRITE:
                 s, d = self.msg_dst[m], self.msg_src[m]
             else:
                 s, d = self.msg_src[m], self.msg_dst[m]
@@ -220,7 +221,7 @@ class Engine:
     def leg_ends(self, p):
         pk = self.pkts[p]
         m = pk.msg
-        if self.msg_kind[m] == MSG_READ and pk.leg == 0:
+        if self.msg_kind[m] != MSG_WRITE and pk.leg == 0:
             return self.msg_dst[m], self.msg_src[m]
         return self.msg_src[m], self.msg_dst[m]
 
@@ -352,7 +353,7 @@ class Engine:
                 self.push(t, EV_OP_DONE, op)
         else:
             msg = self.op_msg[op]
-            if self.msg_kind[msg] == MSG_READ:
+            if self.msg_kind[msg] != MSG_WRITE:
                 self.push(t + self.ep_startup[self.msg_dst[msg]], EV_MSG_START, msg)
             if self.msg_delivered[msg] >= 0:
                 self.push(t, EV_OP_DONE, op)
@@ -385,7 +386,7 @@ class Engine:
             pk.in_link = -1
             pk.vl = 0
             pk.ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
-            pk.wire = self.wire_bytes(path, pk.ptype, payload if kind == MSG_WRITE else 0)
+            pk.wire = self.wire_bytes(path, pk.ptype, 0 if kind == MSG_READ else payload)
             if self.lb == LB_SPRAY:
                 idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
             else:
@@ -412,7 +413,7 @@ class Engine:
             self.ep_outstanding[ep] += 1
             self.ep_issue_free[ep] = max(self.ep_issue_free[ep], self.now)
             pk.ready = self.ep_issue_free[ep]
-            self.ep_issue_free[ep] += self.ep_issue[ep * 2 + kind]
+            self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             s, d = self.leg_ends(p)
             first = self.route_link(path, s, d, pk.plane, pk.uplink, 0)
             self.voq_append(first, 0, p)
@@ -467,7 +468,10 @@ class Engine:
                 self.push(t, EV_MSG_DELIVERED, m)
             self.push(t + self.ack_trip_ps(p), EV_ACK, p)
         elif pk.ptype == PKT_READ_REQ:
-            self.push(self.now + self.ep_read_lat[self.msg_src[m]], EV_RESP_INJECT, p)
+            t = self.now + self.ep_read_lat[self.msg_src[m]]
+            if self.msg_kind[m] == MSG_ATOMIC:
+                t += self.ep_write_lat[self.msg_src[m]]
+            self.push(t, EV_RESP_INJECT, p)
         else:
             d = self.msg_dst[m]
             self.ep_outstanding[d] -= 1

@@ -25,8 +25,8 @@ PATH_NAMES = ("ub", "d2d", "rdma")
 # Packet types (which header they carry).
 PKT_WRITE, PKT_READ_REQ, PKT_READ_RESP, PKT_ACK = range(4)
 # Message kinds.
-MSG_WRITE, MSG_READ = range(2)
-MSG_KIND_NAMES = ("write", "read")
+MSG_WRITE, MSG_READ, MSG_ATOMIC = range(3)
+MSG_KIND_NAMES = ("write", "read", "atomic")
 LB_SPRAY, LB_HASH = range(2)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from cmemu.errors import CmemuError
 from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import MSG_ATOMIC, MSG_READ, MSG_WRITE, build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.common import parse_sizes, scenario_command
 from cmemu.topology import build_topology
@@ -46,7 +46,7 @@ def _messages_run(topo, fabric, src, dst, size, count, kind):
         recv_op = send_op + 1
         op_msg = np.repeat(np.arange(count), 2)
         rank = [src, dst] * count
-    else:
+    else:  # a read or an atomic: started by the receive, on the reader
         kinds = [OP_KIND_RECV] * count
         send_op = np.full(count, -1)
         recv_op = np.arange(count)
@@ -98,8 +98,8 @@ def p2p_table(topo, fabric, sizes, ops=("read", "write")):
             for size in sizes:
                 if op == "write":
                     src, dst, kind = 0, target, MSG_WRITE
-                else:  # die 0 reads from the target: the data flows target -> die 0
-                    src, dst, kind = target, 0, MSG_READ
+                else:  # die 0 reads (or updates atomically) the target's memory
+                    src, dst, kind = target, 0, MSG_READ if op == "read" else MSG_ATOMIC
                 lat = latency_ps(topo, fabric, src, dst, size, kind)
                 bw = bandwidth_byte_per_s(topo, fabric, src, dst, size, kind)
                 rows.append({"path": path, "op": op, "locality": locality, "size_byte": size,
@@ -140,7 +140,8 @@ def all_to_all(topo, fabric, dies: int, nbytes: int) -> dict:
 
 @scenario_command("ub-p2p")
 @click.option("--sizes", default=DEFAULT_SIZES, show_default=True, help="Message sizes (B; K/M suffixes).")
-@click.option("--op", "ops", type=click.Choice(["read", "write", "both"]), default="both", show_default=True)
+@click.option("--op", "ops", type=click.Choice(["read", "write", "atomic", "both", "all"]), default="both",
+              show_default=True, help="both: read and write; all: read, write and atomic.")
 @click.option("--a2a-dies", type=int, default=32, show_default=True,
               help="Dies in the all-to-all (0 to skip it).")
 @click.option("--a2a-bytes", default="16K", show_default=True, help="Bytes each die writes to each other die.")
@@ -150,7 +151,7 @@ def command(spec, sizes, ops, a2a_dies, a2a_bytes):
     topo = build_topology(spec)
     fabric = build_fabric(topo)
     size_list = parse_sizes(sizes)
-    op_list = ("read", "write") if ops == "both" else (ops,)
+    op_list = {"both": ("read", "write"), "all": ("read", "write", "atomic")}.get(ops, (ops,))
     tables = {"point-to-point from die 0": p2p_table(topo, fabric, size_list, op_list)}
     params = {"sizes_byte": size_list, "load_balancing": spec.ub.load_balancing}
     if a2a_dies:
