@@ -227,6 +227,33 @@ def test_sweep_on_a_local_cluster_records_failures_and_reruns_skip(tmp_path, cli
     assert (out / "points" / ok112 / "results.json").stat().st_mtime_ns == stamp
 
 
+def run_point_dying_at_112(config, trace_path, folder):
+    """run_point, but the worker process dies under the point at 112 Gb/s (as in a crash)."""
+    import os
+
+    from cmemu.sweep.point import run_point
+
+    if config["overrides"].get("ub.link_rate_gbit_per_s") == 112:
+        os._exit(3)
+    return run_point(config, trace_path, folder)
+
+
+def test_a_point_whose_worker_dies_is_recorded_and_the_others_finish(tmp_path, monkeypatch):
+    import cmemu.sweep.point
+
+    # The workers import this module to find the function: put the tests folder on their path.
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    monkeypatch.setattr(cmemu.sweep.point, "run_point", run_point_dying_at_112)
+    before = children()
+    r = run_sweep(write(tmp_path, TINY), tmp_path / "out", workers=2, progress=False)
+    assert children() == before
+    dies, ok, bad = (p.key for p in r.sweep.points)
+    assert sorted(r.failed) == sorted([dies, bad])
+    error = json.loads((tmp_path / "out" / "points" / dies / "error.json").read_text())
+    assert "worker process died" in error["error"] and error["error_type"] == "KilledWorker"
+    assert (tmp_path / "out" / "points" / ok / "results.json").is_file()
+
+
 @pytest.fixture(scope="module")
 def scheduler():
     """A cluster started outside cmemu, reached by its address (as `--scheduler` does)."""

@@ -144,8 +144,8 @@ def _run_points(todo: list, out: Path, scheduler, workers: int, progress: bool, 
                     outcome = fut.result()
                 except Exception as exc:  # the task itself was lost: a worker died, or was killed
                     outcome = {"status": "failed", "error_type": type(exc).__name__,
-                               "error": f"the Dask task was lost ({type(exc).__name__}: {exc}); "
-                                        "a worker died while running it (memory?)"}
+                               "error": "its worker process died while running it (out of memory? a crash?): "
+                                        f"{type(exc).__name__}: {exc}"}
                 fut.release()
                 _store(out / POINTS_DIR / p.key, outcome)
                 result.outcomes[p.key] = outcome

@@ -14,6 +14,7 @@ import os
 from cmemu.errors import CmemuError
 
 WORKERS_TIMEOUT_S = 60
+LOCAL_RETRIES = 1
 
 
 def default_workers() -> int:
@@ -38,8 +39,17 @@ def connect(scheduler: str | None, workers: int):
         from distributed import Client, LocalCluster
     except ImportError:
         raise CmemuError("cmemu sweep needs Dask: pip install distributed") from None
+    import dask
+
     with contextlib.ExitStack() as stack:
         if scheduler is None:
+            # A point whose worker dies is tried once more (the death may have been another
+            # process's doing), not Dask's default three times more: a point that crashes or
+            # runs out of memory does so every time. A worker holds only the point it runs
+            # (saturation 1.0, no queue of its own), so a worker's death counts against that
+            # point alone and never against points that were merely waiting on it.
+            stack.enter_context(dask.config.set({"distributed.scheduler.allowed-failures": LOCAL_RETRIES,
+                                                 "distributed.scheduler.worker-saturation": 1.0}))
             cluster = stack.enter_context(LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=True,
                 dashboard_address=":0",  # any free port: other users of the machine may hold 8787
