@@ -69,6 +69,7 @@ class DieModel:
     l2_capacity_byte: int
     hbm_read_byte_per_cycle: float  # achieved, sequential streaming, from the HBM model
     hbm_write_byte_per_cycle: float
+    hbm_copy_byte_per_cycle: float  # reads and writes in equal parts (bus turnarounds included)
     l2_byte_per_cycle: float
 
     @classmethod
@@ -104,6 +105,7 @@ def _model_of(die) -> DieModel:
     cycle_ps = 1e6 / die.ai_core_clock_mhz
     rd = stream(hp, "read", hp.granule_byte, "sequential").bandwidth_byte_per_s
     wr = stream(hp, "write", hp.granule_byte, "sequential").bandwidth_byte_per_s
+    cp = stream(hp, "copy", hp.granule_byte, "sequential").bandwidth_byte_per_s
     per_cycle = cycle_ps * 1e-12
     return DieModel(
         die=die,
@@ -115,6 +117,7 @@ def _model_of(die) -> DieModel:
         l2_capacity_byte=die.l2_cache_mib << 20,
         hbm_read_byte_per_cycle=rd * per_cycle,
         hbm_write_byte_per_cycle=wr * per_cycle,
+        hbm_copy_byte_per_cycle=cp * per_cycle,
         l2_byte_per_cycle=die.l2_to_hbm_bandwidth_ratio * die.hbm_bandwidth_gbyte_per_s * 1e9 * per_cycle,
     )
 
@@ -145,10 +148,23 @@ def check_size(what: str, instructions: int) -> None:
                          f"evaluates ({MAX_INSTRUCTIONS:,}); split the op into smaller ones")
 
 
+def hbm_cycles_for(model: DieModel, rd: float, wr: float) -> float:
+    """Cycles the HBM needs for ``rd`` bytes read and ``wr`` written, streamed together: at the
+    pure read/write rates when one kind dominates, at the copy rate (turnarounds included) when
+    they are equal, in proportion between (both ends come from the HBM model)."""
+    total = rd + wr
+    if total <= 0:
+        return 0.0
+    pure = rd / model.hbm_read_byte_per_cycle + wr / model.hbm_write_byte_per_cycle
+    mixed = total / model.hbm_copy_byte_per_cycle
+    share = 2 * min(rd, wr) / total  # 0: one kind only, 1: half and half
+    return max(pure, pure + (mixed - pure) * share)
+
+
 def finish_cost(model: DieModel, op, makespan_cycles, aic, aiv, busy, rd, wr, hit, macs, vec_b, peak) -> OpCost:
     """The op's duration: its pipelines' makespan, but never less than its HBM traffic needs at
     the bandwidth the HBM model achieves, nor its L2 traffic at the L2's bandwidth."""
-    hbm_cycles = rd / model.hbm_read_byte_per_cycle + wr / model.hbm_write_byte_per_cycle
+    hbm_cycles = hbm_cycles_for(model, rd, wr)
     l2_cycles = (rd + wr + hit) / model.l2_byte_per_cycle
     cycles = int(max(makespan_cycles, np.ceil(hbm_cycles), np.ceil(l2_cycles)))
     return OpCost(op=op, duration_ps=model.cycles_to_ps(cycles), duration_cycles=cycles, aic_cores=aic,
