@@ -140,3 +140,24 @@ def test_attention_and_vector_native_match_reference(model):
     assert vector_cost(model, "swiglu", 50, 3000, 5) == vector_cost(model, "swiglu", 50, 3000, 5, native=False)
     assert generic_cost(model, "aiv", 1e8, 1 << 20, "bf16", 6) == generic_cost(model, "aiv", 1e8, 1 << 20, "bf16", 6,
                                                                               native=False)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=15, deadline=None)
+@given(groups=st.integers(1, 3), m=st.integers(1, 400), n=st.integers(1, 400), k=st.integers(1, 1500),
+       cores=st.integers(1, 24), dtype=st.sampled_from(["int8", "bf16"]), l2_mib=st.sampled_from([1, 192]))
+def test_gemm_native_matches_reference_on_any_shape(groups, m, n, k, cores, dtype, l2_mib):
+    mod = DieModel.of(load_system("mini", [f"die.l2_cache_mib={l2_mib}"]).die)
+    assert gemm_cost(mod, m, n, k, groups, dtype, cores) == gemm_cost(mod, m, n, k, groups, dtype, cores, native=False)
+
+
+@settings(max_examples=10, deadline=None)
+@given(tokens=st.integers(1, 6), kv=st.integers(1, 700), heads=st.sampled_from([8, 16, 128]), cores=st.integers(1, 24))
+def test_mla_attention_native_matches_reference(model, tokens, kv, heads, cores):
+    from cmemu.die.mla import MLAShape, mla_attention_cost
+
+    shape = MLAShape(heads=heads)
+    assert (mla_attention_cost(model, tokens, kv, shape, cores=cores)
+            == mla_attention_cost(model, tokens, kv, shape, cores=cores, native=False))
