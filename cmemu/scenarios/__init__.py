@@ -14,6 +14,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "dispatch": ("cmemu.scenarios.dispatch", "MoE dispatch latency and bandwidth by EP degree, AIV-Direct vs SDMA"),
     "combine": ("cmemu.scenarios.combine", "MoE combine latency and bandwidth by EP degree, AIV-Direct vs SDMA"),
     "decode": ("cmemu.scenarios.decode", "DeepSeek-R1 decode step: TPOT, tokens/s per NPU, breakdown, exposed comm"),
+    "prefill": ("cmemu.scenarios.prefill", "DeepSeek-R1 prefill step: TTFT, tokens/s per NPU, breakdown, exposed comm"),
     "faults": ("cmemu.scenarios.faults", "all-to-all bandwidth with failed L2 chips and a failed L1 chip"),
     "collectives": ("cmemu.scenarios.collectives", "collectives over UB by size and engine: latency, alg/bus bandwidth"),
     "gemm": ("cmemu.scenarios.gemm", "grouped INT8/BF16 GEMM on one die: cube utilisation, HBM GB/s"),

@@ -1,4 +1,5 @@
-"""Trace generator: one decode step of DeepSeek-R1 in the CloudMatrix-Infer deployment.
+"""Trace generator: one decode step (``decode_trace``) or one prefill step (``prefill_trace``, below)
+of DeepSeek-R1 in the CloudMatrix-Infer deployment.
 
 DeepSeek-R1 (SPEC.md 2.7, [DSV3]): hidden 7168, 61 layers (the first 3 dense, FFN 18432), 256
 routed experts + 1 shared, top-8, expert FFN 2048, 128 heads, MLA with q_lora_rank 1536,
@@ -27,6 +28,8 @@ for its own tokens; the KV cache length is the same for every request.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.lower.collectives import moe_routing
@@ -185,5 +188,226 @@ def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
                         f"{cfg.micro_batches} micro-batch(es), {cfg.layers} layer(s), MTP {'on' if cfg.mtp else 'off'}"),
         "groups": {"ep": ranks},
         "cmemu.generator": {"name": "deepseek-r1", "phase": "decode", **asdict(cfg)},
+        "nodes": nodes,
+    }
+
+
+# --- Prefill -------------------------------------------------------------------------------------
+
+PREFILL_EXPERTS_PER_DIE = 10  # SPEC.md 2.8: 8 routed + 1 shared + 1 redundant per die at EP32
+KV_LATENT = KV_LORA + QK_ROPE  # 576 values per token per layer in the KV cache
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """One prefill step of DeepSeek-R1 in CloudMatrix-Infer (SPEC.md 2.8).
+
+    ``requests`` prompts of ``prompt_len`` tokens each; ``reuse`` is the share of each prompt
+    whose KV cache comes from the EMS context cache (not recomputed, but fetched);
+    ``attn_tp`` dies split one request's attention heads (the TP stage of SP -> TP -> SP).
+    """
+
+    ep: int = 32
+    prompt_len: int = 4096
+    requests: int = 8
+    attn_tp: int = 8
+    micro_batches: int = 2
+    int8: bool = True
+    reuse: float = 0.0
+    dispatch_engine: str = "sdma"
+    skew: float = 0.0
+    layers: int = LAYERS
+    seed: int = 0
+
+    def check(self, dies: int) -> None:
+        if not 2 <= self.ep <= dies:
+            raise CmemuError(f"--ep {self.ep}: must be between 2 and the system's {dies} dies")
+        if self.micro_batches not in (1, 2):
+            raise CmemuError(f"--micro-batches must be 1 or 2, got {self.micro_batches}")
+        if not 1 <= self.layers <= LAYERS:
+            raise CmemuError(f"--layers must be between 1 and {LAYERS}, got {self.layers}")
+        if not 0.0 <= self.reuse <= 1.0:
+            raise CmemuError(f"--reuse must be between 0 and 1, got {self.reuse}")
+        if self.dispatch_engine not in ("aiv", "sdma"):
+            raise CmemuError(f"--dispatch-engine must be aiv or sdma, got {self.dispatch_engine}")
+        if self.prompt_len < 1:
+            raise CmemuError(f"--prompt-len must be at least 1, got {self.prompt_len}")
+        if not (2 <= self.attn_tp <= self.ep and self.ep % self.attn_tp == 0 and HEADS % self.attn_tp == 0):
+            raise CmemuError(f"--attn-tp {self.attn_tp}: must divide both the EP degree ({self.ep}) and the "
+                             f"{HEADS} heads, and be at least 2")
+        slots = self.micro_batches * self.tp_groups
+        if self.requests % slots:
+            raise CmemuError(f"--requests {self.requests}: must be a multiple of micro-batches x attention TP "
+                             f"groups = {self.micro_batches} x {self.tp_groups} = {slots}, so that every die "
+                             "holds the same share of tokens")
+
+    @property
+    def dense_layers(self) -> int:
+        return min(DENSE_LAYERS, self.layers - 1) if self.layers > 1 else 0
+
+    @property
+    def tp_groups(self) -> int:
+        return self.ep // self.attn_tp
+
+    @property
+    def reused_tokens(self) -> int:
+        """Tokens of each prompt whose KV comes from the context cache (at least one token is new:
+        the last one, whose logits give the first output token)."""
+        return min(round(self.reuse * self.prompt_len), self.prompt_len - 1)
+
+    @property
+    def new_tokens(self) -> int:
+        return self.prompt_len - self.reused_tokens
+
+    @property
+    def prompt_tokens_per_step(self) -> int:
+        return self.prompt_len * self.requests
+
+    @property
+    def requests_per_group(self) -> int:
+        """Requests each attention TP group serves per micro-batch."""
+        return self.requests // (self.micro_batches * self.tp_groups)
+
+    @property
+    def tokens_per_die(self) -> int:
+        """New (computed) tokens each die holds per micro-batch in the sequence-parallel stages
+        (its group's tokens split evenly, padded up to a multiple of the TP degree)."""
+        return -(-self.requests_per_group * self.new_tokens // self.attn_tp)
+
+    @property
+    def kv_byte_per_token_layer(self) -> int:
+        return KV_LATENT * (1 if self.int8 else 2)
+
+
+def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
+    """The trace document of one prefill step (docs/trace-format.md).
+
+    Per layer and micro-batch, on each die of the EP group:
+
+    - SP (sequence parallel): the die's share of its TP group's new tokens: input RMSNorm, the
+      down projections q_a (7168 -> 1536) and kv_a (7168 -> 512 + 64), RMSNorms of the latents;
+    - ALL_GATHER over the die's attention TP group of those latents (1536 + 576 values per token,
+      BF16): every die of the group now has all its requests' tokens;
+    - TP (tensor parallel over heads): with a context-cache hit, a MEM_LOAD of the group's reused
+      KV (576 B per token and layer in INT8; on a copy stream of its own, micro-batches + i, so it
+      is prefetched during the SP stage), then per request ``mla_prefill`` over its new tokens with
+      128 / attn_tp heads (not absorbed: kv_b up-projection, RoPE, causal attention);
+    - ALL_TO_ALL over the group: each die gets back its own tokens' attention output for all
+      heads (BF16, 128 values per head);
+    - SP again: the output projection, then a dense FFN (layers 0-2) or gate, MoE dispatch
+      (SDMA by default), the die's 10 experts as grouped INT8 GEMMs, MoE combine.
+
+    Streams: micro-batch i runs on stream i and every compute op takes all the die's cores (the
+    default of ``cmemu.cores``): the AIC/AIV split is "whole die, one op at a time". Why: the
+    prefill ops are large (thousands of tokens) and fill every core; dispatch, combine and the
+    attention collectives go on SDMA and need no core but for staging, so what must overlap is
+    one micro-batch's communication with the other's compute, and the core pool of the die
+    interleaves the two micro-batches' compute op by op. A static split (as decode's 16 + 8 AIC)
+    would run two compute ops at once, which the die model times each as if it had the die's HBM
+    and L2 alone: it would overstate what two concurrent ops achieve.
+
+    The MoE routes each token to 9 distinct experts of 10 x EP (8 routed + the shared expert,
+    which has a copy on every die and is drawn like the others, as in decode); each die holds 10.
+    The last token of every request goes through the LM head and a softmax (the first output
+    token). Simplifications (docs/model.md): ``mla_prefill`` includes the down projections and
+    input RMSNorm, so the TP stage repeats them for the group's tokens; new tokens attend only
+    to new tokens (the reused prefix's KV is loaded but its attention is not computed).
+    """
+    cfg.check(dies)
+    ranks = list(range(cfg.ep))
+    G = cfg.attn_tp
+    wdt = "int8" if cfg.int8 else "bf16"
+    nodes: list[dict] = []
+    S = cfg.tokens_per_die
+    heads = HEADS // G
+    top_k = min(ROUTED_TOP_K + 1, cfg.ep * PREFILL_EXPERTS_PER_DIE)
+    experts = cfg.ep * PREFILL_EXPERTS_PER_DIE
+    groups = {"ep": ranks, **{f"tp{g}": ranks[g * G:(g + 1) * G] for g in range(cfg.tp_groups)}}
+    received = {mb: np.bincount(moe_routing(S, top_k, experts, cfg.ep, cfg.skew, cfg.seed + mb).ravel(),
+                                minlength=cfg.ep) for mb in range(cfg.micro_batches)}
+    last = {}
+
+    def add(rank, stream, name, ntype, attrs, deps=()):
+        node = {"id": len(nodes), "name": name, "type": ntype, "rank": rank, "stream": stream, "attrs": attrs}
+        deps = [d for d in deps if d is not None]
+        if deps:
+            node["data_deps"] = deps
+        nodes.append(node)
+        return node["id"]
+
+    def comp(rank, stream, name, op, deps=(), **shape):
+        return add(rank, stream, name, "COMP", {"cmemu.op": op, **{f"cmemu.{k}": v for k, v in shape.items()}}, deps)
+
+    def coll(rank, stream, name, group, deps, **attrs):
+        return add(rank, stream, name, "COMM_COLL", {"cmemu.group": group, **attrs}, deps)
+
+    r_g = cfg.requests_per_group
+    latent_byte = (Q_LORA + KV_LATENT) * 2
+    for layer in range(cfg.layers):
+        dense = layer < cfg.dense_layers
+        for mb in range(cfg.micro_batches):
+            tag = f"L{layer}.mb{mb}"
+            for r in ranks:
+                a = comp(r, mb, f"{tag}.rmsnorm_in", "rmsnorm", [last.get((r, mb))], rows=S, cols=HIDDEN)
+                a = comp(r, mb, f"{tag}.q_down", "gemm", [a], m=S, n=Q_LORA, k=HIDDEN, dtype=wdt)
+                a = comp(r, mb, f"{tag}.rmsnorm_q", "rmsnorm", [a], rows=S, cols=Q_LORA)
+                a = comp(r, mb, f"{tag}.kv_down", "gemm", [a], m=S, n=KV_LATENT, k=HIDDEN, dtype=wdt)
+                a = comp(r, mb, f"{tag}.rmsnorm_kv", "rmsnorm", [a], rows=S, cols=KV_LORA)
+                a = coll(r, mb, f"{tag}.attn_gather", f"tp{r // G}", [a], comm_type="ALL_GATHER",
+                         comm_size=S * latent_byte, **{"cmemu.engine": "sdma"})
+                if cfg.reused_tokens:
+                    # Prefetched on a copy stream of its own, so that it overlaps the SP stage.
+                    kv = add(r, cfg.micro_batches + mb, f"{tag}.kv_fetch", "MEM_LOAD",
+                             {"tensor_size": r_g * cfg.reused_tokens * cfg.kv_byte_per_token_layer})
+                    a = [a, kv]
+                else:
+                    a = [a]
+                for q in range(r_g):
+                    a = [comp(r, mb, f"{tag}.attention", "mla_prefill", a, tokens=cfg.new_tokens, heads=heads)]
+                a = coll(r, mb, f"{tag}.attn_a2a", f"tp{r // G}", a, comm_type="ALL_TO_ALL",
+                         comm_size=S * heads * V_HEAD * 2, **{"cmemu.engine": "sdma"})
+                a = comp(r, mb, f"{tag}.o_proj", "gemm", [a], m=S, n=HIDDEN, k=HEADS * V_HEAD, dtype=wdt)
+                f = comp(r, mb, f"{tag}.rmsnorm_ffn", "rmsnorm", [a], rows=S, cols=HIDDEN)
+                if dense:
+                    f = comp(r, mb, f"{tag}.ffn_up", "gemm", [f], m=S, n=2 * DENSE_FFN, k=HIDDEN, dtype=wdt)
+                    f = comp(r, mb, f"{tag}.swiglu", "swiglu", [f], rows=S, cols=DENSE_FFN)
+                    f = comp(r, mb, f"{tag}.ffn_down", "gemm", [f], m=S, n=HIDDEN, k=DENSE_FFN, dtype=wdt)
+                else:
+                    f = comp(r, mb, f"{tag}.gate", "gemm", [f], m=S, n=256, k=HIDDEN, dtype="bf16")
+                last[(r, mb)] = f
+            if dense:
+                continue
+            moe = {"cmemu.tokens": S, "cmemu.top_k": top_k, "cmemu.hidden": HIDDEN, "cmemu.experts": experts,
+                   "cmemu.skew": cfg.skew, "cmemu.seed": cfg.seed + mb, "cmemu.engine": cfg.dispatch_engine}
+            disp = {r: coll(r, mb, f"{tag}.dispatch", "ep", [last[(r, mb)]], comm_type="MOE_DISPATCH", **moe)
+                    for r in ranks}
+            mlp = {}
+            for r in ranks:
+                m = max(1, -(-int(received[mb][r]) // PREFILL_EXPERTS_PER_DIE))
+                e = comp(r, mb, f"{tag}.expert_up", "grouped_gemm", [disp[r]], m=m, n=2 * EXPERT_FFN, k=HIDDEN,
+                         groups=PREFILL_EXPERTS_PER_DIE, dtype=wdt)
+                e = comp(r, mb, f"{tag}.expert_swiglu", "swiglu", [e], rows=max(1, int(received[mb][r])),
+                         cols=EXPERT_FFN)
+                mlp[r] = comp(r, mb, f"{tag}.expert_down", "grouped_gemm", [e], m=m, n=HIDDEN, k=EXPERT_FFN,
+                              groups=PREFILL_EXPERTS_PER_DIE, dtype=wdt)
+            for r in ranks:
+                last[(r, mb)] = coll(r, mb, f"{tag}.combine", "ep", [mlp[r]], comm_type="MOE_COMBINE", **moe)
+    # The first output token: the LM head and a softmax for the last token of each request, on
+    # the die whose share holds it (a group's tokens lie request after request, S per die).
+    for mb in range(cfg.micro_batches):
+        for r in ranks:
+            local = r % G
+            owned = sum(1 for q in range(r_g) if ((q + 1) * cfg.new_tokens - 1) // S == local)
+            if owned:
+                s = comp(r, mb, f"sample.mb{mb}.lm_head", "gemm", [last[(r, mb)]], m=owned, n=VOCAB, k=HIDDEN,
+                         dtype=wdt)
+                comp(r, mb, f"sample.mb{mb}.softmax", "softmax", [s], rows=owned, cols=VOCAB)
+    return {
+        "schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": system,
+        "description": (f"DeepSeek-R1 prefill step: EP{cfg.ep}, {cfg.requests} request(s) x {cfg.prompt_len} tokens "
+                        f"(reuse {cfg.reuse:g}), attention TP{G}, {cfg.micro_batches} micro-batch(es), "
+                        f"{cfg.layers} layer(s)"),
+        "groups": groups,
+        "cmemu.generator": {"name": "deepseek-r1", "phase": "prefill", **asdict(cfg)},
         "nodes": nodes,
     }

@@ -1,0 +1,129 @@
+"""prefill: one DeepSeek-R1 prefill step of CloudMatrix-Infer (cmemu.trace.deepseek), simulated.
+
+Reports, from the simulated timeline (nothing is taken from the paper):
+- TTFT: the prefill step time, until the last op of the step ends (all dies, both micro-batches,
+  the LM head of every request's last token included); queueing before the step is not counted;
+- per-layer time: layer i's time is the end of its last op (any die) minus the end of layer
+  i - 1's; the figures are the last simulated MoE layer's and the last dense layer's;
+- throughput: prompt tokens per second per NPU (two dies): prompt length x requests / TTFT /
+  (EP / 2); reused (context-cache) tokens count as prompt tokens, as a user sees them;
+- a breakdown by op class (per die, mean busy time of each class, streams counted separately);
+- exposed communication: per die, the time a collective (attention all-gather or all-to-all,
+  MoE dispatch or combine) is in progress while no compute op runs on that die (the KV fetch,
+  a memory transfer, is neither).
+With fewer than 61 layers (``--layers``), TTFT and tokens/s are also given extrapolated to the
+full model (3 dense + 58 MoE layers) from the last simulated dense and MoE layer times, and
+marked so.
+"""
+from __future__ import annotations
+
+import click
+import numpy as np
+
+from cmemu.scenarios.common import run_doc, scenario_command
+from cmemu.scenarios.decode import _exposed, _union
+from cmemu.trace.deepseek import DENSE_LAYERS, LAYERS, PrefillConfig, prefill_trace
+
+CLASSES = (
+    ("mla_prolog_sp", ("rmsnorm_in", "q_down", "rmsnorm_q", "kv_down", "rmsnorm_kv")),
+    ("attn_gather", ("attn_gather",)),
+    ("kv_fetch", ("kv_fetch",)),
+    ("attention", ("attention",)),
+    ("attn_a2a", ("attn_a2a",)),
+    ("o_proj", ("o_proj",)),
+    ("dense_ffn", ("rmsnorm_ffn", "ffn_up", "swiglu", "ffn_down")),
+    ("gate", ("gate",)),
+    ("dispatch", ("dispatch",)),
+    ("expert_mlp", ("expert_up", "expert_swiglu", "expert_down")),
+    ("combine", ("combine",)),
+    ("sampling", ("lm_head", "softmax")),
+)
+COMM_CLASSES = ("attn_gather", "attn_a2a", "dispatch", "combine")
+_CLASS_OF = {leaf: cls for cls, leaves in CLASSES for leaf in leaves}
+
+
+def _class_of(name: str) -> str:
+    return _CLASS_OF.get(name.rsplit(".", 1)[-1], "other")
+
+
+def layer_times_ps(cfg: PrefillConfig, result) -> list[int]:
+    """Each simulated layer's time: the end of its last op minus the end of the layer before."""
+    names = result.lowered.op_name
+    end = result.op_end_ps
+    layer = np.array([int(n[1:n.index(".")]) if n.startswith("L") else -1 for n in names])
+    ends = [int(end[layer == i].max()) for i in range(cfg.layers)]
+    return [e - p for e, p in zip(ends, [0] + ends[:-1])]
+
+
+def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
+    names = result.lowered.op_name
+    start, end = result.op_start_ps, result.op_end_ps
+    rank = result.lowered.op_rank
+    step_ps = int(end.max())
+    classes = np.array([_class_of(n) for n in names])
+    per_class = {}
+    for cls, _ in CLASSES:
+        m = classes == cls
+        if m.any():
+            per_class[cls] = round(float((end[m] - start[m]).sum()) / cfg.ep / 1e6, 2)
+    times = layer_times_ps(cfg, result)
+    dense_ps = times[cfg.dense_layers - 1] if cfg.dense_layers else None
+    moe_ps = times[-1] if cfg.layers > cfg.dense_layers else None
+    is_comm = np.isin(classes, COMM_CLASSES)
+    is_compute = ~is_comm & (classes != "kv_fetch")
+    exposed = []
+    for r in range(cfg.ep):
+        mine = rank == r
+        exposed.append(_exposed(_union(start[mine & is_comm], end[mine & is_comm]),
+                                _union(start[mine & is_compute], end[mine & is_compute])))
+    npus = cfg.ep / 2
+    tokens = cfg.prompt_tokens_per_step
+    out = {
+        "prompt_tokens_per_step": tokens, "new_tokens_per_step": cfg.new_tokens * cfg.requests,
+        "layers_simulated": cfg.layers,
+        "ttft_ms": round(step_ps / 1e9, 3),
+        "moe_layer_time_us": round(moe_ps / 1e6, 1) if moe_ps else None,
+        "dense_layer_time_us": round(dense_ps / 1e6, 1) if dense_ps else None,
+        "tokens_per_s_per_npu": round(tokens / (step_ps / 1e12) / npus, 1),
+        "exposed_comm_us": round(float(np.mean(exposed)) / 1e6, 1),
+    }
+    if cfg.layers < LAYERS and moe_ps and dense_ps:
+        full_ps = (step_ps + (DENSE_LAYERS - cfg.dense_layers) * dense_ps
+                   + (LAYERS - DENSE_LAYERS - (cfg.layers - cfg.dense_layers)) * moe_ps)
+        out["ttft_61_layers_extrapolated_ms"] = round(full_ps / 1e9, 3)
+        out["tokens_per_s_per_npu_61_layers_extrapolated"] = round(tokens / (full_ps / 1e12) / npus, 1)
+    return out, per_class
+
+
+def run_prefill(spec, cfg: PrefillConfig):
+    doc = prefill_trace(cfg, spec.name, spec.dies)
+    return prefill_metrics(cfg, run_doc(doc, spec))
+
+
+@scenario_command("prefill")
+@click.option("--ep", type=click.IntRange(min=2), default=32, show_default=True, help="EP degree (dies).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Tokens per prompt.")
+@click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests per step (a multiple of micro-batches x EP / attn-tp).")
+@click.option("--attn-tp", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Dies that split one request's attention heads (the TP stage of SP -> TP -> SP).")
+@click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
+@click.option("--int8/--bf16", default=True, show_default=True, help="Weights and activations of the matmuls.")
+@click.option("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="EMS context-cache reuse rate: share of each prompt's KV fetched, not recomputed.")
+@click.option("--dispatch-engine", type=click.Choice(["sdma", "aiv"]), default="sdma", show_default=True)
+@click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
+              help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61).")
+def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew, layers):
+    """DeepSeek-R1 prefill step (CloudMatrix-Infer, EP32, SP -> TP -> SP attention): TTFT, per-layer
+    time, prompt tokens/s per NPU, time by op class, exposed communication."""
+    cfg = PrefillConfig(ep=ep, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
+                        micro_batches=int(micro_batches), int8=int8, reuse=reuse, dispatch_engine=dispatch_engine,
+                        skew=skew, layers=layers)
+    params = {"ep": ep, "prompt_len": prompt_len, "requests": requests, "attn_tp": attn_tp,
+              "micro_batches": cfg.micro_batches, "dtype": "int8" if int8 else "bf16", "reuse": reuse,
+              "dispatch_engine": dispatch_engine, "layers": layers}
+    metrics, per_class = run_prefill(spec, cfg)
+    return params, {"prefill step": [metrics], "mean busy time per die by op class (us)": [per_class]}
