@@ -19,19 +19,21 @@ ACC_BYTES = 4
 FP32 = 4
 MAX_GENERIC_CHUNKS = 256
 
-# Vector ops: (input bytes per element, output bytes per element, passes of the vector unit over
-# the element in fp32). Passes count the op's arithmetic, one vector instruction per step:
+# Vector ops: (values read per element, values written per element, passes of the vector unit
+# over the element in fp32). Values are of the op's dtype (bf16 by default), except quant_int8's
+# output (1 B) and its per-row fp32 scale. Passes count the op's arithmetic, one vector
+# instruction per step:
 VECTOR_OPS = {
     # cast to fp32, square, reduce-sum, scale by 1/rms, multiply by the weight, cast back
-    "rmsnorm": (2, 2, 6),
-    # cast, multiply by cos, multiply the rotated half by sin, add, cast (cos/sin: 4 B more in)
-    "rope": (6, 2, 5),
+    "rmsnorm": (1, 1, 6),
+    # cast, multiply by cos, multiply the rotated half by sin, add, cast (cos and sin read too)
+    "rope": (3, 1, 5),
     # cast gate and up, exp, add 1, reciprocal (sigmoid), x * sigmoid, * up, cast
-    "swiglu": (4, 2, 8),
+    "swiglu": (2, 1, 8),
     # cast, max-reduce, subtract, exp, sum-reduce, multiply by the reciprocal, cast
-    "softmax": (2, 2, 7),
+    "softmax": (1, 1, 7),
     # cast, abs, max-reduce, scale, cast fp32 -> fp16 -> int8 (per-token scale written too)
-    "quant_int8": (2, 1, 6),
+    "quant_int8": (1, 0, 6),
 }
 
 
@@ -67,7 +69,7 @@ def _run(model, tpl: Template, block_cluster, var_busy, var_lat, n_clusters, nat
 
 
 def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | None = None,
-                native: bool = True) -> OpCost:
+                native: bool = True, dtype: str = "bf16") -> OpCost:
     """A row-wise vector op on ``cores`` AIVs: rows go round-robin to the cores in chunks that
     fill half the Unified Buffer (double buffering); per chunk MTE2 loads, the vector unit runs
     the op's passes, MTE3 stores. Inputs come from HBM (a producer's output may still be in L2:
@@ -80,7 +82,10 @@ def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | Non
         raise ValueError(f"{cores} AIV requested, the die has {d.aiv_cores}")
     if rows <= 0 or cols <= 0:
         raise ValueError(f"a vector op needs rows > 0 and cols > 0, got {rows} x {cols}")
-    in_b, out_b, passes = VECTOR_OPS[op]
+    n_in, n_out, passes = VECTOR_OPS[op]
+    eb = DTYPE_BYTES[dtype]
+    in_b = n_in * eb
+    out_b = 1 if op == "quant_int8" else n_out * eb
     # Per element in UB: input, output and an fp32 working copy; two of everything (double buffer).
     per_row = cols * (in_b + out_b + FP32)
     rows_per_chunk = max(1, (d.ub_buffer_kib << 10) // (2 * per_row))

@@ -50,5 +50,5 @@ def _cost(die, key) -> OpCost:
         shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
         return mla_prefill_cost(model, a["cmemu.tokens"], shape, dtype, cores)
     if op in VECTOR_OPS:
-        return vector_cost(model, op, a["cmemu.rows"], a["cmemu.cols"], cores)
+        return vector_cost(model, op, a["cmemu.rows"], a["cmemu.cols"], cores, dtype=dtype)
     raise ValueError(f"unknown cmemu.op {op!r} (known: {', '.join(OPS)})")
