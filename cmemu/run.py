@@ -197,6 +197,7 @@ class RunResult:
     msg_packets: np.ndarray | None = None  # int64 [msgs]: packets each message was cut into
     msg_delivered_ps: np.ndarray | None = None  # int64 [msgs]: when its last byte was in memory
     packets_sent: int = 0  # packet transmissions, one per packet per link
+    hbm_series: dict | None = None  # {"bin_ps", "die", "bin", "bytes"}: HBM bytes per die and time bin
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
@@ -454,6 +455,20 @@ def _trace_failures(trace) -> list[str]:
     return out
 
 
+def _hbm_series(full: RunResult) -> dict | None:
+    """Each op's HBM bytes spread evenly over its run, per die and bin (the link counters' bins)."""
+    from cmemu._core.binning import bin_intervals
+
+    if full.link_series is None:
+        return None
+    L = full.lowered
+    has = np.flatnonzero(L.op_hbm_bytes > 0)
+    bin_ps = int(full.link_series["bin_ps"])
+    die, b, nbytes = bin_intervals(L.op_rank[has], full.op_start_ps[has], full.op_end_ps[has],
+                                   L.op_hbm_bytes[has], bin_ps)
+    return {"bin_ps": bin_ps, "die": die, "bin": b, "bytes": nbytes}
+
+
 def trace_result(full: RunResult) -> RunResult:
     """What a user sees of a run: the trace's own ops (a collective's node spans from its entry
     to its exit) and the messages between them; the ops a lowering added become tasks."""
@@ -474,6 +489,7 @@ def trace_result(full: RunResult) -> RunResult:
     return dataclasses.replace(
         full, lowered=view, op_start_ps=start[:nt], op_end_ps=full.op_end_ps[:nt], tasks=tasks,
         msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],
+        hbm_series=_hbm_series(full),
         fabric_messages=L.num_messages, fabric_packets=int(full.msg_packets.sum()),
         fabric_bytes=int(L.msg_bytes.sum()),
     )

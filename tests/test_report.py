@@ -41,11 +41,11 @@ def test_report_on_shipped_trace_writes_table_and_plots(shipped, tmp_path, cli):
         assert words in out, words
     busiest = out.split("ten busiest links\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert len(busiest) == 2 + 10  # header, rule, ten links
-    for name in ("gantt.png", "links.png", "op_types.png"):
+    for name in ("gantt.png", "links.png", "op_types.png", "hbm.png"):
         w, h = png_size(plots / name)
         assert w > 400 and h > 200, name
         assert f"plot  {plots / name}" in out
-    assert "HBM bandwidth over time: not plotted" in out
+    assert "HBM bandwidth over time: not plotted" not in out
 
 
 def test_report_json_and_link_heat_map(tmp_path, capsys):
@@ -64,20 +64,21 @@ def test_report_json_and_link_heat_map(tmp_path, capsys):
     assert cube["total_time_us"] == pytest.approx(2 * 1.85)
     assert cube["busy_per_die_mean_percent"] == pytest.approx(100 * 1.85 / 3 / s["makespan_us"])
     assert s["pipes"]["SDMA"]["tasks"] == 3
-    assert [p.name for p in written] == ["gantt.png", "links.png", "op_types.png"]
+    assert [p.name for p in written] == ["gantt.png", "links.png", "op_types.png", "hbm.png"]
     for p in written:
         png_size(p)
 
 
 def test_report_without_binned_counters_plots_link_totals(tmp_path):
     """No /links/binned: links.png shows per-link utilisation over the run instead of a heat map."""
-    r = dataclasses.replace(run_trace(TINY, progress=False), tasks=None, link_series=None)
+    r = dataclasses.replace(run_trace(TINY, progress=False), tasks=None, link_series=None, hbm_series=None)
     path = hdf5.write_timeline(tmp_path / "tiny.h5", r)
     lines = []
     written = run_report(path, plots_dir=tmp_path / "p", echo=lines.append)
     text = "\n".join(lines)
     assert "link time series     not recorded" in text and "no cube/vector utilisation" in text
     assert [p.name for p in written] == ["gantt.png", "links.png", "op_types.png"]
+    assert "HBM bandwidth over time: not plotted" in text  # no bins were recorded
     w, h = png_size(tmp_path / "p" / "links.png")
     assert w > 400 and h > 200
 

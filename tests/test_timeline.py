@@ -289,7 +289,7 @@ def test_layout_is_the_frozen_one_or_the_version_changed(tiny_full):
 def test_v1_file_still_reads(tiny, tiny_full):
     """tests/data/tiny_v1.h5 was written by cmemu 0.1.0 (layout v1) from the same tiny trace."""
     with open_timeline(TINY_V1) as old, open_timeline(tiny_full) as new:
-        assert old.version == 1 and new.version == 2
+        assert old.version == 1 and new.version == TIMELINE_VERSION
         a, b = old.ops(), new.ops()
         for col in ("node_id", "rank", "stream", "type", "name", "bytes"):
             assert list(a[col]) == list(b[col]), col

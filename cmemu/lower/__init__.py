@@ -12,7 +12,7 @@ import numpy as np
 
 from cmemu.lower.builder import OpBuilder
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.compute import comp_duration_ps
+from cmemu.lower.compute import comp_cost, comp_duration_ps
 from cmemu.lower.memory import hbm_latency_ps, hbm_service_ps
 from cmemu.topology import Topology
 
@@ -63,6 +63,7 @@ class Lowered:
     op_rank: np.ndarray  # int32 [ops]
     op_stream: np.ndarray  # int32 [ops]
     op_bytes: np.ndarray  # int64 [ops]
+    op_hbm_bytes: np.ndarray  # int64 [ops]: HBM bytes the op reads and writes on its own die
     op_name: list  # names of the trace ops (the first num_trace_ops ops)
     op_parent: np.ndarray  # int32 [ops]: the trace op an internal op belongs to, else -1
     op_lane: np.ndarray  # int8 [ops]: pipe/engine of an internal op (output.schema.PIPE_NAMES), else -1
@@ -156,6 +157,7 @@ def lower(trace, topo: Topology) -> Lowered:
     rank = np.empty(n, dtype=np.int32)
     stream = np.empty(n, dtype=np.int32)
     nbytes = np.empty(n, dtype=np.int64)
+    hbm = np.zeros(n, dtype=np.int64)
     node_id = np.empty(n, dtype=np.int64)
     names = []
     mem_latency = (hbm_latency_ps(die, store=False), hbm_latency_ps(die, store=True))
@@ -170,7 +172,10 @@ def lower(trace, topo: Topology) -> Lowered:
         if node.type == "COMP":
             dur[i] = comp_duration_ps(node, die, trace.path)
             aic[i], aiv[i] = comp_cores(node, die)
+            cost = comp_cost(node, die, trace.path)
+            hbm[i] = cost.hbm_byte if cost is not None else 0
         elif kind[i] == OP_KIND_MEM:
+            hbm[i] = nbytes[i]
             dur[i] = hbm_service_ps(nbytes[i], die, store=node.type == "MEM_STORE")
             lat[i] = mem_latency[node.type == "MEM_STORE"]
             res[i] = node.rank  # one HBM server per die
@@ -178,7 +183,7 @@ def lower(trace, topo: Topology) -> Lowered:
     b = OpBuilder()
     b.names = names
     b.ops(n, kind=kind, dur=dur, lat=lat, res=res, aic=aic, aiv=aiv, rank=rank, stream=stream,
-          node_id=node_id, type=op_type, nbytes=nbytes)
+          node_id=node_id, type=op_type, nbytes=nbytes, hbm=hbm)
     for send_id, recv_id in match_messages(trace):
         s, r = index[send_id], index[recv_id]
         send = nodes[s]

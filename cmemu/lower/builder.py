@@ -27,6 +27,7 @@ _COLUMNS = {
     "node_id": (np.int64, -1),
     "type": (np.uint8, 0),
     "nbytes": (np.int64, 0),
+    "hbm": (np.int64, 0),
     "parent": (np.int32, -1),
     "lane": (np.int8, -1),
 }
@@ -127,6 +128,7 @@ class OpBuilder:
             op_rank=self.column("rank"),
             op_stream=self.column("stream"),
             op_bytes=self.column("nbytes"),
+            op_hbm_bytes=self.column("hbm"),
             op_name=self.names,
             op_parent=self.column("parent"),
             op_lane=self.column("lane"),

@@ -108,8 +108,9 @@ class _Ctx:
     def comp(self, m, dur_ps, lane, nbytes=0, aiv=0, count=None):
         """Internal COMP ops of member m (one, or ``count`` of them with array durations)."""
         n = 1 if count is None else count
+        # What a load, a DMA or a local copy moves goes through this die's HBM.
         idx = self.b.ops(n, kind=OP_COMP, dur=dur_ps, rank=int(self.ranks[m]), parent=self.ops[m], lane=lane,
-                         nbytes=nbytes, aiv=aiv)
+                         nbytes=nbytes, hbm=nbytes, aiv=aiv)
         return int(idx[0]) if count is None else idx
 
     def vector_ps(self, attrs) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 import cmemu
 from cmemu.lower import OP_TYPES
 from cmemu.output.schema import (
-    LINK_SERIES_FIELDS,
+    LINK_SERIES_FIELDS, HBM_SERIES_FIELDS,
     PIPE_NAMES,
     TASK_FIELDS,
     TIMELINE_FORMAT,
@@ -169,6 +169,29 @@ def _write_dies(f, r, spec, w: _Writer) -> None:
     w.dataset(g, "bytes_received", s["bytes_received"], unit="B", doc="payload of messages the die received")
     w.dataset(g, "hbm_read_bytes", s["hbm_read_bytes"], unit="B", doc="bytes of MEM_LOAD ops (COMP operands not included)")
     w.dataset(g, "hbm_write_bytes", s["hbm_write_bytes"], unit="B", doc="bytes of MEM_STORE ops (COMP results not included)")
+    series = getattr(r, "hbm_series", None)
+    if series is not None:
+        _write_hbm_series(g, series, r, w)
+
+
+def _write_hbm_series(dies, series, r, w: _Writer) -> None:
+    cols = _columns("RunResult.hbm_series", series, HBM_SERIES_FIELDS)
+    bin_ps = int(series["bin_ps"])
+    if bin_ps <= 0:
+        raise ValueError(f"RunResult.hbm_series['bin_ps'] must be a positive bin width in ps, got {bin_ps}")
+    die, b = cols["die"], cols["bin"]
+    if die.size and (die.min() < 0 or die.max() >= r.spec.dies or b.min() < 0 or cols["bytes"].min() < 0):
+        raise ValueError("RunResult.hbm_series: die outside the system, negative bin or negative bytes")
+    order = np.lexsort((die, b))
+    g = dies.create_group("hbm_binned")
+    g.attrs["doc"] = ("HBM bytes per (die, time bin), only nonzero pairs, sorted by bin then die: each op's HBM "
+                      "traffic (the die model's reads and writes; MEM_LOAD/MEM_STORE bytes; a collective's loads, "
+                      "DMA reads and copies) spread evenly over the op's run")
+    g.attrs["bin_ps"] = np.int64(bin_ps)
+    g.attrs["bins"] = np.int64(-(-max(r.sim_end_ps, 1) // bin_ps))
+    w.dataset(g, "die", die[order], doc="row in /dies")
+    w.dataset(g, "bin", b[order], doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)")
+    w.dataset(g, "bytes", cols["bytes"][order], unit="B", doc="HBM bytes read and written in the bin")
 
 
 def _columns(what: str, table, fields) -> dict:

@@ -1,4 +1,4 @@
-"""Reading a timeline: ``cmemu.open_timeline(path)``, for layout versions 1 and 2.
+"""Reading a timeline: ``cmemu.open_timeline(path)``, for layout versions 1, 2 and 3.
 
 Tables come back as pandas DataFrames when pandas is installed, otherwise as numpy structured
 arrays with the same columns. Enum columns (op type, link kind, pipe) come back as their names.
@@ -183,6 +183,23 @@ class Timeline:
         c = self.columns("links/binned")
         return _table({"link": c["link"], "bin": c["bin"], "start_ps": c["bin"].astype(np.int64) * self.link_bin_ps,
                        "bytes": c["bytes"], "busy_ps": c["busy_ps"]}, self.as_numpy)
+
+    def has_hbm_bins(self) -> bool:
+        return "dies/hbm_binned" in self._f
+
+    def hbm_bins(self):
+        """HBM bytes per (die, time bin) (v2, when the run recorded them), or None: die, bin,
+        start_ps, bytes, gbyte_per_s (bytes over the bin). The bin width is ``hbm_bin_ps``."""
+        if not self.has_hbm_bins():
+            return None
+        c = self.columns("dies/hbm_binned")
+        bin_ps = self.hbm_bin_ps
+        return _table({"die": c["die"], "bin": c["bin"], "start_ps": c["bin"].astype(np.int64) * bin_ps,
+                       "bytes": c["bytes"], "gbyte_per_s": c["bytes"] / (bin_ps / 1e12) / 1e9}, self.as_numpy)
+
+    @property
+    def hbm_bin_ps(self) -> int | None:
+        return int(self._f["dies/hbm_binned"].attrs["bin_ps"]) if self.has_hbm_bins() else None
 
     @property
     def link_bin_ps(self) -> int | None:

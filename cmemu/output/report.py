@@ -125,7 +125,8 @@ def run_report(path, plots_dir=None, window=None, dies=None, as_json=False, echo
                 echo("")
                 for p in written:
                     echo(f"plot  {p}")
-                echo("plot  (HBM bandwidth over time: not plotted, the timeline records no HBM time series)")
+                if not t.has_hbm_bins():
+                    echo("plot  (HBM bandwidth over time: not plotted, the timeline records no HBM time series)")
         return written
 
 
@@ -136,7 +137,10 @@ def write_plots(t, s: dict, out: Path, win: tuple[int, int], dies: list[int]) ->
     import matplotlib.pyplot as plt
 
     paths = []
-    for name, fn in (("gantt.png", _gantt), ("links.png", _links), ("op_types.png", _op_types)):
+    plots = [("gantt.png", _gantt), ("links.png", _links), ("op_types.png", _op_types)]
+    if t.has_hbm_bins():
+        plots.append(("hbm.png", _hbm))
+    for name, fn in plots:
         fig = fn(plt, t, s, win, dies)
         p = out / name
         fig.savefig(p, dpi=110, bbox_inches="tight")
@@ -268,6 +272,35 @@ def _link_heatmap(plt, t, c):
     ax.set_ylabel("links that carried traffic, by kind")
     ax.set_title("Link utilisation per time bin")
     fig.colorbar(im, ax=ax, label="utilisation (% of the bin busy)")
+    return fig
+
+
+def _hbm(plt, t, s, win, dies):
+    """HBM bandwidth over time: the chosen dies, and the mean and the busiest over all dies."""
+    c = t.columns("dies/hbm_binned")
+    bin_ps = t.hbm_bin_ps
+    nbins = max(int(c["bin"].max()) + 1 if c["bin"].size else 1, -(-t.sim_end_ps // bin_ps))
+    grid = np.zeros((t.dies_count, nbins))
+    grid[c["die"], c["bin"]] = c["bytes"] / (bin_ps / 1e12) / 1e9  # GB/s
+    x = (np.arange(nbins) + 0.5) * bin_ps / 1e6
+    lo, hi = win[0] / 1e6, win[1] / 1e6
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    ax.fill_between(x, grid.min(axis=0), grid.max(axis=0), color="0.85", label="range over all dies", step="mid")
+    ax.plot(x, grid.mean(axis=0), color="black", linewidth=1.2, label="mean over all dies", drawstyle="steps-mid")
+    for d in dies[:6]:
+        ax.plot(x, grid[d], linewidth=0.9, label=t.die_name(d), drawstyle="steps-mid")
+    peak = float(t.spec["die"]["hbm_bandwidth_gbyte_per_s"])
+    ax.axhline(peak, color="tab:red", linestyle="--", linewidth=0.8, label=f"peak {peak:,.0f} GB/s")
+    ax.set_xlim(lo, hi)
+    top = float(grid.max()) if grid.size else 0.0
+    ax.set_ylim(0, max(peak, top) * 1.1)
+    if top > peak:
+        ax.text(0.01, 0.97, "above the peak: ops running at once on a die do not share HBM bandwidth in "
+                "the model (docs/model.md)", transform=ax.transAxes, fontsize=8, va="top", color="tab:red")
+    ax.set_xlabel(f"simulated time (µs), bins of {bin_ps / 1e6:,.3f} µs")
+    ax.set_ylabel("HBM bandwidth (GB/s)")
+    ax.set_title("HBM bandwidth per die (each op's HBM traffic spread over its run)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return fig
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from cmemu.errors import CmemuError
 
 TIMELINE_FORMAT = "cmemu.timeline"
-TIMELINE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+TIMELINE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 # Pipes and engines of a die, as Ascend's own tools name them (CUBE, VECTOR, MTE1/2/3, FIXP),
 # plus the two communication engines. /tasks/pipe stores the index into this tuple.
@@ -32,6 +32,13 @@ LINK_SERIES_FIELDS = (
     ("bin", "int32"),
     ("bytes", "int64"),
     ("busy_ps", "int64"),
+)
+
+# The columns of RunResult.hbm_series besides bin_ps (sparse COO, nonzero pairs only).
+HBM_SERIES_FIELDS = (
+    ("die", "int32"),
+    ("bin", "int32"),
+    ("bytes", "int64"),
 )
 
 DETAILS = ("ops", "tasks", "packets")
