@@ -15,9 +15,10 @@ Tiling, from the buffer capacities (SPEC.md 2.2), as CANN's matmul does it:
 - L0C holds as many accumulators (up to 2) as fit; with one, the cube waits for FixPipe to
   drain the tile before the next tile starts.
 
-Per tile and chunk: MTE2 loads the A chunk and the B chunk (from L2 on a hit, else from HBM);
-per k-step MTE1 moves the fractals to L0A/L0B and the cube runs one mmad; after the last chunk
-FixPipe writes the tile to GM. L2 hits come from an LRU over the chunks in wave order (l2.py).
+Per tile and chunk: MTE2 loads the A chunk and the B chunk from L2 (on a miss the die's HBM, one
+pipe shared by all cores, first fetches it into L2); per k-step MTE1 moves the fractals to
+L0A/L0B and the cube runs one mmad; after the last chunk FixPipe writes the tile to GM. L2 hits
+come from an LRU over the chunks in wave order (l2.py).
 
 ``gemm_accesses`` and ``gemm_program`` are Numba kernels; their ``py_func`` are the references.
 """
@@ -168,23 +169,8 @@ def gemm_program(t, cores, hits, cp, pipe, busy, lat, dep_ptr, dep_idx):
     b_base = groups * mt * nq
     fetched = np.full(b_base + groups * nt * nq, -1, dtype=np.int64)  # step of each chunk's last miss
     loads = np.empty(2, dtype=np.int64)  # this chunk's A and B loads
-    # Distinct misses in each (wave, chunk) step: the fetches that share the HBM at that time.
-    misses_in_step = np.ones(waves * nq, dtype=np.int64)
-    a = 0
-    for w in range(waves):
-        for q in range(nq):
-            cnt = 0
-            for c in range(cores):
-                if w * cores + c >= tiles:
-                    break
-                for s in range(2):
-                    if not hits[a]:
-                        cnt += 1
-                    a += 1
-                if q == nq - 1:
-                    a += 1
-            if cnt > 1:
-                misses_in_step[w * nq + q] = cnt
+    fetch_ins = np.full(b_base + groups * nt * nq, -1, dtype=np.int64)  # its HBM fetch instruction
+    hbm_pipe = cores * 4  # one HBM server shared by all cores
     j = 0
     e = 0
     a = 0  # index into hits
@@ -210,25 +196,33 @@ def gemm_program(t, cores, hits, cp, pipe, busy, lat, dep_ptr, dep_idx):
                 for s in range(2):  # the A chunk, then the B chunk
                     nb = mlen * klen * ib if s == 0 else klen * nlen * ib
                     o = (g * mt + mi) * nq + q if s == 0 else b_base + (g * nt + ni) * nq + q
-                    rate = cp[10]
+                    wait = -1
                     if not hits[a]:
+                        # A miss: the HBM (one server for the die, at its achieved rate) fetches
+                        # the chunk into L2 once the core asks for it; MTE2 copies it from there.
                         fetched[o] = step
                         miss_b += nb
-                        # The step's distinct misses share the HBM's achieved bandwidth.
-                        share = cp[11] // misses_in_step[step]
-                        if share < rate:
-                            rate = share
+                        pipe[j] = hbm_pipe
+                        busy[j] = (nb * 1000 + cp[11] - 1) // cp[11]
                         lat[j] = cp[8]
+                        if l1_free[c, slot] >= 0:
+                            dep_idx[e] = l1_free[c, slot]
+                            e += 1
+                        dep_ptr[j + 1] = e
+                        fetch_ins[o] = j
+                        wait = j
+                        j += 1
                     else:
                         hit_b += nb
-                        lat[j] = cp[7]
                         if fetched[o] == step:
                             # Another core's miss on the same chunk is in flight: this core
-                            # waits for the same data (a merged miss), at the same pace.
-                            share = cp[11] // misses_in_step[step]
-                            if share < rate:
-                                rate = share
-                            lat[j] = cp[8]
+                            # waits for the same fetch (a merged miss).
+                            wait = fetch_ins[o]
+                    rate = cp[10]
+                    lat[j] = cp[7]
+                    if wait >= 0:
+                        dep_idx[e] = wait
+                        e += 1
                     a += 1
                     pipe[j] = base + 0
                     busy[j] = cp[0] + (nb * 1000 + rate - 1) // rate
@@ -296,10 +290,10 @@ def gemm_program(t, cores, hits, cp, pipe, busy, lat, dep_ptr, dep_idx):
 
 
 def gemm_instructions(t: GemmTiling) -> int:
-    """Instructions of the schedule: per tile and chunk two MTE2 loads, per k-step an MTE1 and
-    a cube instruction, per tile one FixPipe."""
+    """Instructions of the schedule (at most): per tile and chunk two MTE2 loads and two HBM
+    fetches, per k-step an MTE1 and a cube instruction, per tile one FixPipe."""
     steps = sum(ceil_div(min(t.kl1, t.k - q * t.kl1), t.bk) for q in range(t.chunks))
-    return t.tiles * (2 * t.chunks + 2 * steps + 1)
+    return t.tiles * (4 * t.chunks + 2 * steps + 1)
 
 
 # Buffers reused by every schedule evaluation (a big schedule would otherwise fault in tens of
@@ -328,7 +322,8 @@ def gemm_cost(model: DieModel, m: int, n: int, k: int, groups: int = 1, dtype: s
             _SCRATCH.get("dep_ptr", n_ins + 1), _SCRATCH.get("dep_idx", 3 * n_ins))
     j, e, macs, hit_b, miss_b, write_b = prog(ta, cores, hits, cost_params(model), *bufs)
     pipe, busy, lat, dep_ptr, dep_idx = bufs[0][:j], bufs[1][:j], bufs[2][:j], bufs[3][:j + 1], bufs[4][:e]
-    _, finish, pipe_busy = run_program(pipe, busy, lat, dep_ptr, dep_idx, cores * len(AIC_PIPES), native, _SCRATCH)
-    pipe_busy = np.asarray(pipe_busy).reshape(cores, len(AIC_PIPES)).sum(axis=0)
+    _, finish, pipe_busy = run_program(pipe, busy, lat, dep_ptr, dep_idx, cores * len(AIC_PIPES) + 1, native,
+                                       _SCRATCH)
+    pipe_busy = np.asarray(pipe_busy)[:-1].reshape(cores, len(AIC_PIPES)).sum(axis=0)
     return finish_cost(model, op, int(finish.max()), cores, 0, {f"AIC.{p}": int(b) for p, b in zip(AIC_PIPES, pipe_busy)},
                        int(miss_b), int(write_b), int(hit_b), int(macs), 0, model.macs_per_cycle(dtype))

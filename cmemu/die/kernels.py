@@ -41,12 +41,15 @@ def _mte2_busy(model: DieModel, nbytes: int, rate_milli: int) -> int:
     return model.die.mte2_startup_cycles + ceil_div(nbytes * 1000, rate_milli)
 
 
-def _rates(model: DieModel, streams: int, aiv: bool = False):
-    """MTE2 rates (milli-bytes per cycle) of one core (an AIC, or an AIV): on an L2 hit, and on
-    a miss while ``streams`` cores miss at the same time and share the HBM's achieved bandwidth."""
-    hit = model.mte2_milli_byte_per_cycle(aiv)
-    miss = min(hit, model.hbm_read_milli_byte_per_cycle() // max(1, streams))
-    return hit, miss
+def _mte2_rate(model: DieModel, aiv: bool = False) -> int:
+    """One core's MTE2 rate (an AIC's, or an AIV's), milli-bytes per cycle."""
+    return model.mte2_milli_byte_per_cycle(aiv)
+
+
+def _fetch_busy(model: DieModel, nbytes):
+    """Cycles the die's HBM (one server shared by all cores, at the rate the HBM model achieves)
+    spends fetching ``nbytes`` into L2 for a miss."""
+    return -(-np.asarray(nbytes, dtype=np.int64) * 1000 // model.hbm_read_milli_byte_per_cycle())
 
 
 def vector_cycles(model: DieModel, elements: int, passes: int) -> int:
@@ -60,8 +63,9 @@ def _run(model, tpl: Template, block_cluster, var_busy, var_lat, n_clusters, nat
     prog = exp(*tpl.arrays(), tpl.pipes_per_cluster, np.ascontiguousarray(block_cluster, dtype=np.int64),
                np.ascontiguousarray(var_busy, dtype=np.int64), np.ascontiguousarray(var_lat, dtype=np.int64),
                n_clusters)
-    _, finish, busy = run_program(*prog, n_clusters * tpl.pipes_per_cluster, native=native)
-    busy = np.asarray(busy).reshape(n_clusters, tpl.pipes_per_cluster).sum(axis=0)
+    own = n_clusters * tpl.pipes_per_cluster
+    _, finish, busy = run_program(*prog, own + tpl.shared_pipes, native=native)
+    busy = np.asarray(busy)[:own].reshape(n_clusters, tpl.pipes_per_cluster).sum(axis=0)
     return int(finish.max()) if len(finish) else 0, busy
 
 
@@ -71,9 +75,9 @@ def _run(model, tpl: Template, block_cluster, var_busy, var_lat, n_clusters, nat
 def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | None = None,
                 native: bool = True, dtype: str = "bf16") -> OpCost:
     """A row-wise vector op on ``cores`` AIVs: rows go round-robin to the cores in chunks that
-    fill half the Unified Buffer (double buffering); per chunk MTE2 loads, the vector unit runs
-    the op's passes, MTE3 stores. Inputs come from HBM (a producer's output may still be in L2:
-    not modelled), outputs are written through L2."""
+    fill half the Unified Buffer (double buffering); per chunk the HBM fetches the input into L2,
+    MTE2 loads it, the vector unit runs the op's passes, MTE3 stores. Inputs come from HBM (a
+    producer's output may still be in L2: not modelled), outputs are written through L2."""
     d = model.die
     if op not in VECTOR_OPS:
         raise ValueError(f"unknown vector op {op!r} (known: {', '.join(VECTOR_OPS)})")
@@ -97,14 +101,15 @@ def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | Non
     n_blocks = chunks_rows * col_pieces
     check_size(f"a {op} of {rows} x {cols}", 3 * n_blocks)
     busy_cores = min(cores, n_blocks)
-    hit_r, miss_r = _rates(model, busy_cores, aiv=True)
-    tpl = Template(len(AIV_PIPES))
-    ld = tpl.add(0, deps=[], name="MTE2 in", variable=True)
+    rate = _mte2_rate(model, aiv=True)
+    tpl = Template(len(AIV_PIPES), shared_pipes=1)
+    fetch = tpl.add(tpl.pipes_per_cluster, name="HBM fetch", variable=True)
+    ld = tpl.add(0, deps=[fetch], name="MTE2 in", variable=True)
     vec = tpl.add(1, deps=[ld], name="VECTOR", variable=True)
     st = tpl.add(2, deps=[vec], name="MTE3 out", variable=True)
-    # Double buffering: a chunk's load waits for the vector pass of the chunk two back (its
-    # input slot); its vector pass for the store of the chunk two back (its output slot).
-    tpl.deps[ld].append((vec, 2))
+    # Double buffering: a chunk is fetched once the vector pass of the chunk two back has freed
+    # its input slot; its vector pass waits for the store of the chunk two back (output slot).
+    tpl.deps[fetch].append((vec, 2))
     tpl.deps[vec].append((st, 2))
     block_cluster = np.arange(n_blocks, dtype=np.int64) % busy_cores
     blk = np.arange(n_blocks, dtype=np.int64)
@@ -115,11 +120,12 @@ def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | Non
     nin = el * in_b
     nout = el * out_b + (np.where(piece == 0, r * FP32, 0) if op == "quant_int8" else 0)
     rd, wr = int(nin.sum()), int(nout.sum())
-    var_busy = np.stack([d.mte2_startup_cycles + -(-nin * 1000 // miss_r),
+    var_busy = np.stack([_fetch_busy(model, nin),
+                         d.mte2_startup_cycles + -(-nin * 1000 // rate),
                          passes * (d.vector_startup_cycles + -(-el * FP32 // d.vector_bytes_per_cycle)),
                          d.mte3_startup_cycles + -(-nout // d.mte3_byte_per_cycle)], axis=1)
-    var_lat = np.tile(np.array([model.hbm_read_latency_cycles, 0, model.l2_hit_latency_cycles], dtype=np.int64),
-                      (n_blocks, 1))
+    lats = [model.hbm_read_latency_cycles, model.l2_hit_latency_cycles, 0, model.l2_hit_latency_cycles]
+    var_lat = np.tile(np.array(lats, dtype=np.int64), (n_blocks, 1))
     makespan, busy = _run(model, tpl, block_cluster, var_busy, var_lat, busy_cores, native)
     return finish_cost(model, op, makespan, 0, cores, {f"AIV.{p}": int(b) for p, b in zip(AIV_PIPES, busy)},
                        rd, wr, 0, 0, rows * cols * in_b, 0)
@@ -216,20 +222,20 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     flag = d.cross_core_flag_latency_cycles
     l2lat = model.l2_hit_latency_cycles
     clusters = min(cores, units)
-    hit_r, _ = _rates(model, 1)
-    _, miss_r = _rates(model, clusters)
-    aiv_r, _ = _rates(model, 1, aiv=True)
+    hit_r = _mte2_rate(model)
+    aiv_r = _mte2_rate(model, aiv=True)
     qk = matmul_steps(model, m, d_qk, block, dtype)
     pv = matmul_steps(model, m, block, d_v, dtype)
     half = ceil_div(m, 2)
-    tpl = Template(CLUSTER_PIPES)
+    tpl = Template(CLUSTER_PIPES, shared_pipes=1)
     part = []  # per template instruction: 0 = step's QK half (block i), 1 = PV half (block i-1)
 
     def mark(which):
         part.extend([which] * (len(tpl.pipe) - len(part)))
 
     q_ld = tpl.add(0, name="MTE2 Q")
-    kv_ld = tpl.add(0, name="MTE2 KV")
+    kv_fetch = tpl.add(tpl.pipes_per_cluster, name="HBM fetch KV")  # misses only
+    kv_ld = tpl.add(0, deps=[kv_fetch], name="MTE2 KV")
     fx_s, _ = emit_matmul(tpl, qk, deps=[q_ld, kv_ld], fix_lat=l2lat)
     s_bytes = half * block * FP32
     p_bytes = half * block * ib
@@ -257,6 +263,7 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     # L1 holds three KV blocks (mla._kv_block): the one QK reads, the one PV reads (a step
     # behind) and the one being loaded. Block i reuses the slot of block i - 3, whose P V ran in
     # step i - 2: the load waits until that P V's MTE1 has read its last fractals.
+    tpl.deps[kv_fetch].append((pv_last_mte1, 2))
     tpl.deps[kv_ld].append((pv_last_mte1, 2))
     nt = len(tpl.pipe)
     tpl.var = list(range(nt))  # every instruction's time is given per step
@@ -289,10 +296,11 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     kv_b[qk_on] = kv_bytes_of_block
     hit_s = np.zeros(n_steps, dtype=bool)
     hit_s[qk_on] = hits
-    st_hit = model.die.mte2_startup_cycles + -(-kv_b * 1000 // hit_r)
-    st_miss = model.die.mte2_startup_cycles + -(-kv_b * 1000 // miss_r)
-    var_busy[:, kv_ld] = np.where(qk_on, np.where(hit_s, st_hit, st_miss), 0)
-    var_lat[:, kv_ld] = np.where(qk_on, np.where(hit_s, l2lat, model.hbm_read_latency_cycles), 0)
+    miss_s = qk_on & ~hit_s
+    var_busy[:, kv_fetch] = np.where(miss_s, _fetch_busy(model, kv_b), 0)
+    var_lat[:, kv_fetch] = np.where(miss_s, model.hbm_read_latency_cycles, 0)
+    var_busy[:, kv_ld] = np.where(qk_on, model.die.mte2_startup_cycles + -(-kv_b * 1000 // hit_r), 0)
+    var_lat[:, kv_ld] = np.where(qk_on, l2lat, 0)
     hit_b = int(kv_bytes_of_block[hits].sum())
     rd = int(kv_bytes_of_block[~hits].sum())
     last = step_i == nbk
@@ -301,9 +309,16 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     for x in out_st:
         var_busy[:, x] = np.where(last, store, 0)
         var_lat[:, x] = np.where(last, l2lat, 0)
-    # Units go round-robin to clusters; in unit order each cluster's steps are in its own order.
+    # Units go round-robin to clusters. The program lists the steps in the order they happen
+    # (the k-th step of every cluster, then the (k+1)-th): each cluster's own steps stay in its
+    # order, and the shared HBM serves the clusters' fetches interleaved, as they come.
     step_cluster = step_unit % clusters
-    makespan, busy = _run(model, tpl, step_cluster, var_busy, var_lat, clusters, native)
+    by_cluster = np.argsort(step_cluster, kind="stable")
+    counts = np.bincount(step_cluster, minlength=clusters)
+    local = np.empty(n_steps, dtype=np.int64)
+    local[by_cluster] = np.arange(n_steps) - np.repeat(np.cumsum(counts) - counts, counts)
+    order = np.lexsort((step_cluster, local))
+    makespan, busy = _run(model, tpl, step_cluster[order], var_busy[order], var_lat[order], clusters, native)
     names = [f"AIC.{p}" for p in AIC_PIPES] + [f"AIV.{p}" for p in AIV_PIPES] * 2
     out = {}
     for nm, bsy in zip(names, busy):
@@ -339,21 +354,26 @@ def generic_cost(model: DieModel, unit: str, num_ops: float, tensor_byte: int, d
     chunk_b = max(buf // 2, ceil_div(per_core_b, MAX_GENERIC_CHUNKS))
     n_chunks = max(1, ceil_div(per_core_b, chunk_b))
     ops_core = num_ops / cores
-    _, miss_r = _rates(model, cores, aiv=unit == "aiv")
-    tpl = Template(2)
-    ld = tpl.add(0, name="MTE2", variable=True)
+    rate = _mte2_rate(model, aiv=unit == "aiv")
+    tpl = Template(2, shared_pipes=1)
+    fetch = tpl.add(tpl.pipes_per_cluster, name="HBM fetch", variable=True)
+    ld = tpl.add(0, deps=[fetch], name="MTE2", variable=True)
     ex = tpl.add(1, deps=[ld], name="CUBE" if unit == "aic" else "VECTOR", variable=True)
-    tpl.deps[ld].append((ex, 2))
+    tpl.deps[fetch].append((ex, 2))
     nb = n_chunks * cores
-    var_busy = np.zeros((nb, 2), dtype=np.int64)
-    var_lat = np.zeros((nb, 2), dtype=np.int64)
-    cluster = np.repeat(np.arange(cores, dtype=np.int64), n_chunks)
+    var_busy = np.zeros((nb, 3), dtype=np.int64)
+    var_lat = np.zeros((nb, 3), dtype=np.int64)
+    # Chunk i of every core, then chunk i + 1: the order the cores ask the HBM in.
+    cluster = np.tile(np.arange(cores, dtype=np.int64), n_chunks)
     for i in range(n_chunks):
         b = min(chunk_b, per_core_b - i * chunk_b)
+        rows = slice(i * cores, (i + 1) * cores)
         if b > 0:
-            var_busy[i::n_chunks, 0] = _mte2_busy(model, b, miss_r)
-            var_lat[i::n_chunks, 0] = model.hbm_read_latency_cycles
-        var_busy[i::n_chunks, 1] = int(np.ceil(ops_core / n_chunks / per_cycle))
+            var_busy[rows, 0] = _fetch_busy(model, b)
+            var_lat[rows, 0] = model.hbm_read_latency_cycles
+            var_busy[rows, 1] = _mte2_busy(model, b, rate)
+            var_lat[rows, 1] = model.l2_hit_latency_cycles
+        var_busy[rows, 2] = int(np.ceil(ops_core / n_chunks / per_cycle))
     makespan, busy = _run(model, tpl, cluster, var_busy, var_lat, cores, native)
     pipes = ("MTE2", "CUBE") if unit == "aic" else ("MTE2", "VECTOR")
     peak = model.macs_per_cycle(dtype) if unit == "aic" else 0

@@ -42,7 +42,8 @@ def run_program_into(pipe, busy, lat, dep_ptr, dep_idx, n_pipes, start, finish):
             if f > t:
                 t = f
         start[j] = t
-        free[p] = t + busy[j]
+        if busy[j] > 0:  # a zero-cost instruction only synchronises: it does not hold its pipe
+            free[p] = t + busy[j]
         finish[j] = t + busy[j] + lat[j]
         pipe_busy[p] += busy[j]
     return pipe_busy

@@ -23,7 +23,11 @@ MAX_BACK = 2
 
 @dataclass
 class Template:
+    """One block's instructions. Pipes ``0 .. pipes_per_cluster - 1`` belong to the block's
+    cluster; pipe ``pipes_per_cluster + i`` is shared pipe ``i`` of the die (the HBM)."""
+
     pipes_per_cluster: int
+    shared_pipes: int = 0
     pipe: list = field(default_factory=list)
     busy: list = field(default_factory=list)
     lat: list = field(default_factory=list)
@@ -72,7 +76,8 @@ def expand(t_pipe, t_busy, t_lat, t_var, t_ptr, t_src, t_back, pipes_per_cluster
     """The program of all blocks (in the order given; block i runs on block_cluster[i]).
 
     var_busy/var_lat: int64[blocks, n_var] for the template's variable instructions.
-    Returns (pipe, busy, lat, dep_ptr, dep_idx) for run_program.
+    Returns (pipe, busy, lat, dep_ptr, dep_idx) for run_program (with n_clusters x
+    pipes_per_cluster + shared pipes).
     """
     nt = t_pipe.shape[0]
     nb = block_cluster.shape[0]
@@ -93,7 +98,11 @@ def expand(t_pipe, t_busy, t_lat, t_var, t_ptr, t_src, t_back, pipes_per_cluster
         hist[c, 0] = base
         for i in range(nt):
             j = base + i
-            pipe[j] = c * pipes_per_cluster + t_pipe[i]
+            tp = t_pipe[i]
+            if tp < pipes_per_cluster:
+                pipe[j] = c * pipes_per_cluster + tp
+            else:  # a pipe shared by all clusters, after theirs
+                pipe[j] = n_clusters * pipes_per_cluster + tp - pipes_per_cluster
             v = t_var[i]
             if v >= 0:
                 busy[j] = var_busy[b, v]
