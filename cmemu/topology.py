@@ -14,8 +14,9 @@ non-blocking switch.
 Routes: die <-> twin die over die-to-die; within a node, up to the L1 chip of a sub-plane and
 down; between nodes L1 -> L2 -> L1; over RDMA, die -> RDMA switch -> die.
 
-Not modelled here: link failures (issue 8), the VPC plane (issue 5), packet-level behaviour
-(issue 3). The routes are what the later packet model uses too.
+The VPC plane: every die and CPU has a link to its node's DPU (a Qingtian card), and each DPU one
+400 Gb/s port into the VPC network, modelled as one switch. The packet engine computes routes
+hop by hop from these tables (cmemu/lower/fabric.py).
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from cmemu.spec.model import SystemSpec
 from cmemu.units import ns_to_ps
 
 # Vertex kinds.
-V_DIE, V_CPU, V_L1, V_L2, V_RDMA = range(5)
-VERTEX_KIND_NAMES = ("die", "cpu", "l1", "l2", "rdma_switch")
+V_DIE, V_CPU, V_L1, V_L2, V_RDMA, V_DPU, V_VPC = range(7)
+VERTEX_KIND_NAMES = ("die", "cpu", "l1", "l2", "rdma_switch", "dpu", "vpc_switch")
 
 # Link kinds (directed).
 (
@@ -42,7 +43,11 @@ VERTEX_KIND_NAMES = ("die", "cpu", "l1", "l2", "rdma_switch")
     L_D2D,
     L_RDMA_UP,
     L_RDMA_DOWN,
-) = range(9)
+    L_HOST_TO_DPU,
+    L_DPU_TO_HOST,
+    L_DPU_UP,
+    L_DPU_DOWN,
+) = range(13)
 LINK_KIND_NAMES = (
     "ub_die_to_l1",
     "ub_l1_to_die",
@@ -53,6 +58,10 @@ LINK_KIND_NAMES = (
     "d2d",
     "rdma_die_to_switch",
     "rdma_switch_to_die",
+    "vpc_host_to_dpu",
+    "vpc_dpu_to_host",
+    "vpc_dpu_to_switch",
+    "vpc_switch_to_dpu",
 )
 
 
@@ -77,6 +86,10 @@ class Topology:
     d2d: np.ndarray  # int32 [dies]: die -> twin die link
     rdma_up: np.ndarray  # int32 [dies]
     rdma_down: np.ndarray  # int32 [dies]
+    vpc_host_up: np.ndarray  # int32 [endpoints]: endpoint -> its node's DPU
+    vpc_host_down: np.ndarray  # int32 [endpoints]: DPU -> endpoint
+    vpc_dpu_up: np.ndarray  # int32 [nodes]: DPU -> VPC switch
+    vpc_dpu_down: np.ndarray  # int32 [nodes]: VPC switch -> DPU
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -146,6 +159,11 @@ class Topology:
     def rdma_route(self, src_die: int, dst_die: int) -> list[int]:
         return [int(self.rdma_up[src_die]), int(self.rdma_down[dst_die])]
 
+    def vpc_route(self, src: int, dst: int) -> list[int]:
+        """Over the VPC plane: endpoint -> its node's DPU -> VPC switch -> DPU -> endpoint."""
+        return [int(self.vpc_host_up[src]), int(self.vpc_dpu_up[self.endpoint_node(src)]),
+                int(self.vpc_dpu_down[self.endpoint_node(dst)]), int(self.vpc_host_down[dst])]
+
     # -- figures for `cmemu topo` ----------------------------------------------------------
     @cached_property
     def l2_ports_used(self) -> int:
@@ -203,12 +221,16 @@ def build_topology(spec: SystemSpec) -> Topology:
     l1_base = E
     l2_base = l1_base + N * P
     rdma_vertex = l2_base + P * C
-    vertex_kind = np.empty(rdma_vertex + 1, dtype=np.uint8)
+    dpu_base = rdma_vertex + 1
+    vpc_vertex = dpu_base + N
+    vertex_kind = np.empty(vpc_vertex + 1, dtype=np.uint8)
     vertex_kind[:D] = V_DIE
     vertex_kind[D:E] = V_CPU
     vertex_kind[l1_base:l2_base] = V_L1
     vertex_kind[l2_base:rdma_vertex] = V_L2
     vertex_kind[rdma_vertex] = V_RDMA
+    vertex_kind[dpu_base:vpc_vertex] = V_DPU
+    vertex_kind[vpc_vertex] = V_VPC
 
     src, dst, kind, rate, lat = [], [], [], [], []
     wire_ps = ns_to_ps(ub.link_latency_ns)
@@ -264,6 +286,24 @@ def build_topology(spec: SystemSpec) -> Topology:
         rdma_up[die] = add(die, rdma_vertex, L_RDMA_UP, spec.rdma.rate_byte_per_s, rdma_link_ps)
         rdma_down[die] = add(rdma_vertex, die, L_RDMA_DOWN, spec.rdma.rate_byte_per_s, rdma_link_ps + rdma_switch_ps)
 
+    # The VPC plane: every die and CPU reaches its node's DPU; each DPU has one 400 Gb/s port.
+    vpc = spec.vpc
+    vpc_link_ps = ns_to_ps(vpc.link_latency_ns)
+    vpc_switch_ps = ns_to_ps(vpc.switch_latency_ns)
+    host_rate = round(vpc.host_link_gbyte_per_s * 1e9)
+    vpc_host_up = np.empty(E, dtype=np.int32)
+    vpc_host_down = np.empty(E, dtype=np.int32)
+    for ep in range(E):
+        node = ep // dies_per_node if ep < D else (ep - D) // spec.cpus_per_node
+        vpc_host_up[ep] = add(ep, dpu_base + node, L_HOST_TO_DPU, host_rate, vpc_link_ps)
+        vpc_host_down[ep] = add(dpu_base + node, ep, L_DPU_TO_HOST, host_rate, vpc_link_ps)
+    vpc_dpu_up = np.empty(N, dtype=np.int32)
+    vpc_dpu_down = np.empty(N, dtype=np.int32)
+    for n in range(N):
+        vpc_dpu_up[n] = add(dpu_base + n, vpc_vertex, L_DPU_UP, vpc.node_rate_byte_per_s, vpc_link_ps)
+        vpc_dpu_down[n] = add(vpc_vertex, dpu_base + n, L_DPU_DOWN, vpc.node_rate_byte_per_s,
+                              vpc_link_ps + vpc_switch_ps)
+
     return Topology(
         spec=spec,
         vertex_kind=vertex_kind,
@@ -281,4 +321,8 @@ def build_topology(spec: SystemSpec) -> Topology:
         d2d=d2d,
         rdma_up=rdma_up,
         rdma_down=rdma_down,
+        vpc_host_up=vpc_host_up,
+        vpc_host_down=vpc_host_down,
+        vpc_dpu_up=vpc_dpu_up,
+        vpc_dpu_down=vpc_dpu_down,
     )

@@ -18,7 +18,7 @@ def test_shipped_presets():
 @pytest.mark.parametrize("name", SYSTEMS)
 def test_every_physical_value_has_a_source(name):
     spec = load_system(name)
-    for part in (spec, spec.die, spec.ub, spec.d2d, spec.rdma, spec.comm):
+    for part in (spec, spec.die, spec.ub, spec.d2d, spec.rdma, spec.vpc, spec.comm, spec.ems):
         for f in dataclasses.fields(part):
             value = getattr(part, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -23,7 +23,10 @@ def test_mini_counts_by_hand(mini):
     assert k["ub_l1_to_l2"] == k["ub_l2_to_l1"] == 14 * 16
     assert k["d2d"] == 32
     assert k["rdma_die_to_switch"] == k["rdma_switch_to_die"] == 32
-    assert s["links_directed"] == 2 * 224 + 2 * 56 + 2 * 224 + 32 + 64
+    # VPC: every die and CPU to its node's DPU and back; each of the 2 DPUs to the switch and back.
+    assert k["vpc_host_to_dpu"] == k["vpc_dpu_to_host"] == 40
+    assert k["vpc_dpu_to_switch"] == k["vpc_switch_to_dpu"] == 2
+    assert s["links_directed"] == 2 * 224 + 2 * 56 + 2 * 224 + 32 + 64 + 2 * 40 + 2 * 2
     assert s["l2_ports_used"] == 224 and s["l2_ports_available"] == 112 * 48
     assert s["die_ub_bandwidth_gbyte_per_s"] == 196.0
 

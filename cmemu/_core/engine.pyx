@@ -58,6 +58,7 @@ cdef enum:
     PATH_UB = 0
     PATH_D2D = 1
     PATH_RDMA = 2
+    PATH_VPC = 3
     PKT_WRITE = 0
     PKT_READ_REQ = 1
     PKT_READ_RESP = 2
@@ -219,6 +220,10 @@ cdef class Engine:
     cdef const int32_t[::1] t_d2d
     cdef const int32_t[::1] t_rdma_up
     cdef const int32_t[::1] t_rdma_down
+    cdef const int32_t[::1] t_vpc_host_up
+    cdef const int32_t[::1] t_vpc_host_down
+    cdef const int32_t[::1] t_vpc_dpu_up
+    cdef const int32_t[::1] t_vpc_dpu_down
     cdef int P, U, C, M, N, lb
     # Packet pool.
     cdef Packet* pkts
@@ -332,6 +337,10 @@ cdef class Engine:
         self.t_d2d = F.d2d
         self.t_rdma_up = F.rdma_up
         self.t_rdma_down = F.rdma_down
+        self.t_vpc_host_up = F.vpc_host_up
+        self.t_vpc_host_down = F.vpc_host_down
+        self.t_vpc_dpu_up = F.vpc_dpu_up
+        self.t_vpc_dpu_down = F.vpc_dpu_down
         self.P = F.planes
         self.U = F.uplinks
         self.C = F.l2_chips
@@ -521,6 +530,16 @@ cdef class Engine:
             return self.t_rdma_down[d] if hop == 1 else -1
         ns = self.ep_node[s]
         nd = self.ep_node[d]
+        if path == PATH_VPC:
+            if hop == 0:
+                return self.t_vpc_host_up[s]
+            if ns == nd:
+                return self.t_vpc_host_down[d] if hop == 1 else -1
+            if hop == 1:
+                return self.t_vpc_dpu_up[ns]
+            if hop == 2:
+                return self.t_vpc_dpu_down[nd]
+            return self.t_vpc_host_down[d] if hop == 3 else -1
         if hop == 0:
             return self.t_ep_up[s * self.P + plane]
         if ns == nd:

@@ -24,6 +24,7 @@ from cmemu.lower.fabric import (
     PKT_READ_RESP,
     PKT_WRITE,
     PATH_UB,
+    PATH_VPC,
 )
 
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
@@ -127,6 +128,10 @@ class Engine:
         self.t_d2d = F.d2d.tolist()
         self.t_rdma_up = F.rdma_up.tolist()
         self.t_rdma_down = F.rdma_down.tolist()
+        self.t_vpc_host_up = F.vpc_host_up.tolist()
+        self.t_vpc_host_down = F.vpc_host_down.tolist()
+        self.t_vpc_dpu_up = F.vpc_dpu_up.tolist()
+        self.t_vpc_dpu_down = F.vpc_dpu_down.tolist()
         self.P, self.U, self.C, self.M, self.N = F.planes, F.uplinks, F.l2_chips, F.l2_mult, F.num_nodes
         self.lb = F.load_balancing
 
@@ -189,6 +194,16 @@ class Engine:
                 return self.t_rdma_up[s]
             return self.t_rdma_down[d] if hop == 1 else -1
         ns, nd = self.ep_node[s], self.ep_node[d]
+        if path == PATH_VPC:
+            if hop == 0:
+                return self.t_vpc_host_up[s]
+            if ns == nd:
+                return self.t_vpc_host_down[d] if hop == 1 else -1
+            if hop == 1:
+                return self.t_vpc_dpu_up[ns]
+            if hop == 2:
+                return self.t_vpc_dpu_down[nd]
+            return self.t_vpc_host_down[d] if hop == 3 else -1
         if hop == 0:
             return self.t_ep_up[s * self.P + plane]
         if ns == nd:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cmemu.lower.fabric import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB
+from cmemu.lower.fabric import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC
 from cmemu.topology import Topology
 
 _HASH_MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads message numbers over paths
@@ -36,6 +36,8 @@ class MessageTable:
             raise ValueError(f"a message from endpoint {src} to itself")
         if plane == "rdma":
             path = PATH_RDMA
+        elif plane == "vpc":
+            path = PATH_VPC
         elif topo.is_twin(src, dst):
             path = PATH_D2D
         else:
@@ -57,8 +59,8 @@ class MessageTable:
         if np.any(src == dst):
             raise ValueError("a message from an endpoint to itself")
         dies = topo.num_dies
-        if plane == "rdma":
-            path = np.full(src.shape, PATH_RDMA)
+        if plane in ("rdma", "vpc"):
+            path = np.full(src.shape, PATH_RDMA if plane == "rdma" else PATH_VPC)
         else:
             twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
             path = np.where(twin, PATH_D2D, PATH_UB)

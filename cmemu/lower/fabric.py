@@ -15,13 +15,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cmemu.topology import V_DIE, V_L1, V_L2, Topology
+from cmemu.topology import (
+    L_CPU_DOWN,
+    L_CPU_UP,
+    L_D2D,
+    L_DIE_DOWN,
+    L_DIE_UP,
+    L_L1_UP,
+    L_L2_DOWN,
+    V_DIE,
+    V_L1,
+    V_L2,
+    Topology,
+)
 from cmemu.units import ns_to_ps
 
 NUM_VLS = 2
 # Path kinds (how a message travels).
-PATH_UB, PATH_D2D, PATH_RDMA = range(3)
-PATH_NAMES = ("ub", "d2d", "rdma")
+PATH_UB, PATH_D2D, PATH_RDMA, PATH_VPC = range(4)
+PATH_NAMES = ("ub", "d2d", "rdma", "vpc")
 # Packet types (which header they carry).
 PKT_WRITE, PKT_READ_REQ, PKT_READ_RESP, PKT_ACK = range(4)
 # Message kinds.
@@ -52,9 +64,9 @@ class Fabric:
     ep_max_outstanding: np.ndarray  # int32 [E]
     ep_issue_ps: np.ndarray  # int64 [E * 2]: per-packet issue time, by message kind
     # Packet format, by path kind.
-    path_mtu_byte: np.ndarray  # int64 [3]
-    path_flit_byte: np.ndarray  # int64 [3]
-    path_header_byte: np.ndarray  # int64 [3 * 4]: by packet type
+    path_mtu_byte: np.ndarray  # int64 [paths]
+    path_flit_byte: np.ndarray  # int64 [paths]
+    path_header_byte: np.ndarray  # int64 [paths * 4]: by packet type
     # Routing tables (see Topology).
     planes: int
     uplinks: int
@@ -69,6 +81,10 @@ class Fabric:
     d2d: np.ndarray  # int32 [D]
     rdma_up: np.ndarray  # int32 [D]
     rdma_down: np.ndarray  # int32 [D]
+    vpc_host_up: np.ndarray  # int32 [E]
+    vpc_host_down: np.ndarray  # int32 [E]
+    vpc_dpu_up: np.ndarray  # int32 [N]
+    vpc_dpu_down: np.ndarray  # int32 [N]
     load_balancing: int
     num_nodes: int
     link_alive: np.ndarray  # uint8 [L]: 0 for a failed link (cmemu.faults)
@@ -95,6 +111,10 @@ def build_fabric(topo: Topology, failures=None) -> Fabric:
     # return trip would hold back rate x latency bytes).
     in_flight = -(-rate * lat // 10**12)
     credit = np.int64(ub.vl_buffer_byte) - in_flight
+    # Credit-based flow control is UB's (and the die-to-die link's): the RDMA and VPC planes get
+    # buffers that never fill (PFC and TCP are not modelled).
+    lossless_ub = np.isin(topo.link_kind, [L_DIE_UP, L_DIE_DOWN, L_CPU_UP, L_CPU_DOWN, L_L1_UP, L_L2_DOWN, L_D2D])
+    credit = np.where(lossless_ub, credit, np.int64(1) << 50)
     if np.any(credit < ub.flit_wire_byte(ub.transport_mtu_byte + ub.header_write_byte)):
         raise ValueError("ub.vl_buffer_byte is too small to hold one packet beyond the bytes in flight")
 
@@ -131,7 +151,8 @@ def build_fabric(topo: Topology, failures=None) -> Fabric:
     issue[1::2] = ns_to_ps(ub.read_issue_ns)
 
     ub_headers = [ub.header_write_byte, ub.header_read_request_byte, ub.header_read_response_byte, ub.header_ack_byte]
-    headers = np.array(ub_headers + ub_headers + [spec.rdma.header_byte] * 4, dtype=np.int64)
+    headers = np.array(ub_headers + ub_headers + [spec.rdma.header_byte] * 4 + [spec.vpc.header_byte] * 4,
+                       dtype=np.int64)
 
     return Fabric(
         link_rate_byte_per_s=rate,
@@ -149,8 +170,9 @@ def build_fabric(topo: Topology, failures=None) -> Fabric:
         ep_sink_byte_per_s=ep_sink,
         ep_max_outstanding=np.full(E, ub.max_outstanding_packets, dtype=np.int32),
         ep_issue_ps=issue,
-        path_mtu_byte=np.array([ub.transport_mtu_byte, ub.transport_mtu_byte, spec.rdma.mtu_byte], dtype=np.int64),
-        path_flit_byte=np.array([ub.flit_byte, ub.flit_byte, 1], dtype=np.int64),
+        path_mtu_byte=np.array([ub.transport_mtu_byte, ub.transport_mtu_byte, spec.rdma.mtu_byte, spec.vpc.mtu_byte],
+                               dtype=np.int64),
+        path_flit_byte=np.array([ub.flit_byte, ub.flit_byte, 1, 1], dtype=np.int64),
         path_header_byte=headers,
         planes=ub.sub_planes,
         uplinks=ub.l1_uplinks_per_chip,
@@ -165,6 +187,10 @@ def build_fabric(topo: Topology, failures=None) -> Fabric:
         d2d=topo.d2d.astype(np.int32),
         rdma_up=topo.rdma_up.astype(np.int32),
         rdma_down=topo.rdma_down.astype(np.int32),
+        vpc_host_up=topo.vpc_host_up.astype(np.int32),
+        vpc_host_down=topo.vpc_host_down.astype(np.int32),
+        vpc_dpu_up=topo.vpc_dpu_up.astype(np.int32),
+        vpc_dpu_down=topo.vpc_dpu_down.astype(np.int32),
         load_balancing=LB_SPRAY if ub.load_balancing == "spray" else LB_HASH,
         num_nodes=spec.nodes,
         link_alive=_alive(L, failures),

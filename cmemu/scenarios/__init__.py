@@ -16,6 +16,8 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "decode": ("cmemu.scenarios.decode", "DeepSeek-R1 decode step: TPOT, tokens/s per NPU, breakdown, exposed comm"),
     "prefill": ("cmemu.scenarios.prefill", "DeepSeek-R1 prefill step: TTFT, tokens/s per NPU, breakdown, exposed comm"),
     "faults": ("cmemu.scenarios.faults", "all-to-all bandwidth with failed L2 chips and a failed L1 chip"),
+    "model-load": ("cmemu.scenarios.model_load", "cold/warm start of a model into N instances, with and without EMS"),
+    "ems": ("cmemu.scenarios.ems", "KV-cache fetch from the EMS pool by reuse rate, over UB vs VPC"),
     "collectives": ("cmemu.scenarios.collectives", "collectives over UB by size and engine: latency, alg/bus bandwidth"),
     "gemm": ("cmemu.scenarios.gemm", "grouped INT8/BF16 GEMM on one die: cube utilisation, HBM GB/s"),
     "mla": ("cmemu.scenarios.mla", "MLA decode attention on one die: compute-bound vs memory-bound"),

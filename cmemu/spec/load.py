@@ -14,9 +14,10 @@ import typing
 from importlib import resources
 
 from cmemu.errors import SpecError
-from cmemu.spec.model import CommSpec, D2DSpec, DieSpec, RDMASpec, SystemSpec, UBSpec
+from cmemu.spec.model import CommSpec, D2DSpec, DieSpec, EMSSpec, RDMASpec, SystemSpec, UBSpec, VPCSpec
 
-_SECTIONS = {"die": DieSpec, "ub": UBSpec, "d2d": D2DSpec, "rdma": RDMASpec, "comm": CommSpec}
+_SECTIONS = {"die": DieSpec, "ub": UBSpec, "d2d": D2DSpec, "rdma": RDMASpec, "vpc": VPCSpec, "comm": CommSpec,
+             "ems": EMSSpec}
 _META_KEYS = {"name", "description", "extends", "die_preset", "kind"}
 
 

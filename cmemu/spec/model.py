@@ -106,6 +106,40 @@ class RDMASpec:
 
 
 @dataclass(frozen=True)
+class VPCSpec:
+    """The VPC plane: Ethernet through each node's DPU (SPEC.md 1, 2.6)."""
+
+    node_rate_gbit_per_s: float
+    host_link_gbyte_per_s: float
+    link_latency_ns: float
+    switch_latency_ns: float
+    mtu_byte: int
+    header_byte: int
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "vpc")
+
+    @property
+    def node_rate_byte_per_s(self) -> int:
+        return round(self.node_rate_gbit_per_s * 1e9 / 8)
+
+
+@dataclass(frozen=True)
+class EMSSpec:
+    """The Elastic Memory Service pool (SPEC.md 2.6) and model storage."""
+
+    block_tokens: int
+    dram_gbyte_per_cpu: float
+    ssd_gbyte_per_s_per_node: float
+    object_storage_gbyte_per_s: float
+    sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
+
+    def __post_init__(self):
+        _require_positive(self, "ems")
+
+
+@dataclass(frozen=True)
 class CommSpec:
     """The die's communication engines (SPEC.md 2.5): SDMA engines and AIV-Direct."""
 
@@ -134,7 +168,9 @@ class SystemSpec:
     ub: UBSpec
     d2d: D2DSpec
     rdma: RDMASpec
+    vpc: VPCSpec
     comm: CommSpec
+    ems: EMSSpec
     sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
 
     def __post_init__(self):

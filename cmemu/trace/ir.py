@@ -63,7 +63,7 @@ COMP_OPS = {
 }
 COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile_m", "cmemu.tile_n",
                     "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.rows", "cmemu.cols")
-COMM_PLANES = ("ub", "rdma")
+COMM_PLANES = ("ub", "rdma", "vpc")
 
 # JSON numbers beyond 2**53 are not exact in a double, so no tool chain can be trusted with them.
 MAX_INT = 2**53
