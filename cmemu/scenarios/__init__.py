@@ -17,6 +17,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "prefill": ("cmemu.scenarios.prefill", "DeepSeek-R1 prefill step: TTFT, tokens/s per NPU, breakdown, exposed comm"),
     "faults": ("cmemu.scenarios.faults", "all-to-all bandwidth with failed L2 chips and a failed L1 chip"),
     "model-load": ("cmemu.scenarios.model_load", "cold/warm start of a model into N instances, with and without EMS"),
+    "kv-transfer": ("cmemu.scenarios.kv_transfer", "prefill -> decode KV-cache transfer over RDMA (and UB)"),
     "ems": ("cmemu.scenarios.ems", "KV-cache fetch from the EMS pool by reuse rate, over UB vs VPC"),
     "collectives": ("cmemu.scenarios.collectives", "collectives over UB by size and engine: latency, alg/bus bandwidth"),
     "gemm": ("cmemu.scenarios.gemm", "grouped INT8/BF16 GEMM on one die: cube utilisation, HBM GB/s"),
