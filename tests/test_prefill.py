@@ -213,3 +213,16 @@ def test_cli_trace_gen_prefill_and_decode(tmp_path):
     res = runner.invoke(main, ["trace", "gen", "deepseek-r1", "--phase", "prefill", "-s", "mini", "--ep", "8",
                                "--attn-tp", "4", "--requests", "3", "-o", str(tmp_path / "bad.json")])
     assert res.exit_code == 2 and "--requests 3" in res.output
+
+
+def test_scenario_command_prints_figures_with_units():
+    res = CliRunner().invoke(main, ["scenario", "run", "prefill", "-s", "mini", "--ep", "8", "--attn-tp", "4",
+                                    "--requests", "4", "--prompt-len", "256", "--reuse", "0.25", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    row = doc["tables"]["prefill step"][0]
+    for key in ("ttft_ms", "moe_layer_time_us", "dense_layer_time_us", "tokens_per_s_per_npu", "exposed_comm_us",
+                "ttft_61_layers_extrapolated_ms", "tokens_per_s_per_npu_61_layers_extrapolated"):
+        assert row[key] > 0
+    assert row["new_tokens_per_step"] == 4 * 192 and doc["parameters"]["reuse"] == 0.25
+    assert doc["tables"]["mean busy time per die by op class (us)"][0]["kv_fetch"] > 0

@@ -13,7 +13,7 @@ Reports, from the simulated timeline (nothing is taken from the paper):
   a memory transfer, is neither).
 With fewer than 61 layers (``--layers``), TTFT and tokens/s are also given extrapolated to the
 full model (3 dense + 58 MoE layers) from the last simulated dense and MoE layer times, and
-marked so.
+marked so (this needs one of each: two layers or more).
 """
 from __future__ import annotations
 
