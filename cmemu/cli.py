@@ -397,8 +397,14 @@ def _sweep(sweep_file, output, scheduler, workers, dry_run, quiet):
     ran = f"{r.ran} run" + (f" on {scheduler}" if scheduler else f" on {r.workers} local workers" if r.ran else "")
     click.echo(f"sweep {sweep_file}: {len(r.outcomes)} points: {ran}, {r.skipped} skipped (finished before), "
                f"{len(r.failed)} failed; {r.wall_time_s:.1f} s")
-    if not quiet:
-        click.echo(format_summary(r.rows, r.columns, summary_parameters(sw), sw.print_columns))
+    text = format_summary(r.rows, r.columns, summary_parameters(sw), sw.print_columns)
+    if text and not quiet:
+        click.echo(text)
+    produced = {t for o in r.outcomes.values() if o["status"] == "ok" for t in o["tables"]}
+    unknown = [t for t in sw.tables or () if t not in produced]
+    if unknown and produced:
+        click.echo(f"note: [summary] tables names {', '.join(map(repr, unknown))}, which no point produced "
+                   f"(tables: {', '.join(map(repr, sorted(produced)))})")
     click.echo(f"results in {output}/ (summary.csv, summary.h5, points/)")
     if r.failed:
         first = r.outcomes[r.failed[0]]["error"]

@@ -111,7 +111,9 @@ def test_trace_sweep_keys_follow_the_trace_content(tmp_path):
     ('scenario = "no-such"\n', "scenario"),
     ('scenario = "ub-p2p"\ntrace = "x.json"\n', "scenario"),
     ('description = "neither"\n', "scenario"),
-    ('generator = "deepseek-decode"\n', "generator"),
+    ('generator = "no-such-model"\n', "generator"),
+    ('generator = "deepseek-r1"\n[grid]\ntokens_per_die = [0, 96]\n', "grid.tokens_per_die"),
+    ('generator = "deepseek-r1"\n[options]\nbatch = 4\n', "options.batch"),
     ('trace = "missing.json"\n', "trace"),
     ('scenario = "ub-p2p"\n[grid]\nsystem = ["mini", "cm999"]\n', "grid.system"),
     ('scenario = "ub-p2p"\nsystem = "mini"\n[grid]\nsystem = ["mini"]\n', "system"),
@@ -161,8 +163,10 @@ def test_documented_example_loads(tmp_path):
 
 
 def test_shipped_example_sweeps_run(tmp_path):
-    """Each shipped sweep loads, and its first (smallest) point runs, in this process: the
-    examples cannot rot silently when a scenario changes its options."""
+    """Each shipped sweep loads (its options are checked against the commands'), and the first
+    (smallest) point of each scenario sweep runs, in this process: the examples cannot rot
+    silently when a scenario changes. (A generator sweep's first point takes 10 s or more on the
+    full system; generator sweeps are run on `mini` below.)"""
     from cmemu.sweep.point import run_point
 
     paths = sorted((REPO / "traces" / "sweeps").glob("*.toml"))
@@ -170,6 +174,8 @@ def test_shipped_example_sweeps_run(tmp_path):
     for path in paths:
         sw = load_sweep(path)
         assert sw.points and sw.description
+        if sw.kind == "generator":
+            continue
         first = sw.points[0]
         out = run_point(first.config, first.trace_path, str(tmp_path))
         assert out["status"] == "ok", (path.name, out.get("error"))
@@ -283,6 +289,29 @@ d2d.rate_gbyte_per_s = [100, 200]
     assert by_rate[100]["makespan_us"] > by_rate[200]["makespan_us"]
     again = run_sweep(path, tmp_path / "out", scheduler=scheduler, progress=False)
     assert (again.ran, again.skipped) == (0, 2)
+
+
+def test_generator_sweep_generates_replays_and_drops_the_trace(tmp_path, scheduler):
+    path = write(tmp_path, """
+generator = "deepseek-r1"
+system = "mini"
+[options]
+layers = 1
+detail = "ops"
+[grid]
+tokens_per_die = [16, 64]
+""")
+    sw = load_sweep(path)
+    assert sw.points[0].config["generator"] == "deepseek-r1"
+    assert sw.points[0].config["options"]["kv_len"] == 4096  # the generator's default, in the key
+    r = run_sweep(sw, tmp_path / "out", scheduler=scheduler, progress=False)
+    assert (r.ran, r.failed) == (2, [])
+    for p in sw.points:
+        folder = tmp_path / "out" / "points" / p.key
+        assert sorted(f.name for f in folder.iterdir()) == ["config.json", "results.json", "timeline.h5"]
+    by_tokens = {row["tokens_per_die"]: row for row in r.rows}
+    assert by_tokens[16]["system"] == "mini"
+    assert by_tokens[64]["makespan_us"] > by_tokens[16]["makespan_us"]  # four times the tokens per die
 
 
 def test_unreachable_scheduler_is_one_error(tmp_path, cli, monkeypatch):

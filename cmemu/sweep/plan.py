@@ -1,7 +1,8 @@
 """Sweep files (docs/sweep-format.md): TOML in, a checked list of resolved points out.
 
-A point is one run: a scenario (by name, through ``cmemu.scenarios.run_scenario``) or a trace
-(through ``cmemu.run.run_trace``), a system preset, ``--set`` overrides and the run's options,
+A point is one run: a scenario (by name, through ``cmemu.scenarios.run_scenario``), a trace
+(through ``cmemu.run.run_trace``) or a trace generated for the point (a command of
+``cmemu trace gen``) and then replayed, a system preset, ``--set`` overrides and the run's options,
 all resolved (defaults filled in). Its key is a hash of that configuration and the cmemu version,
 so the same configuration always lands in the same results folder, whichever sweep asked for it.
 
@@ -51,8 +52,8 @@ class Sweep:
     path: Path
     text: str
     description: str
-    kind: str  # "scenario" or "trace"
-    target: str  # the scenario's name or the trace's path
+    kind: str  # "scenario", "trace" or "generator"
+    target: str  # the scenario's name, the trace's path or the generator's name
     axes: tuple  # ((keys, [value tuples]), ...) in product order, the first varying slowest
     points: tuple
     tables: tuple | None  # the result tables the summary keeps (None: all)
@@ -136,12 +137,10 @@ class _Checker:
 
     def target(self):
         doc = self.doc
-        if "generator" in doc:
-            self.fail("generator", "trace generators are not written yet; use 'scenario' or 'trace'")
-        given = [k for k in ("scenario", "trace") if k in doc]
+        given = [k for k in ("scenario", "trace", "generator") if k in doc]
         if len(given) != 1:
-            self.fail("scenario", "give exactly one of 'scenario' (a name from `cmemu scenario list`) "
-                                  "or 'trace' (a trace file)")
+            self.fail("scenario", "give exactly one of 'scenario' (a name from `cmemu scenario list`), "
+                                  "'trace' (a trace file) or 'generator' (from `cmemu trace gen --help`)")
         key = given[0]
         value = doc[key]
         if not isinstance(value, str) or not value:
@@ -152,6 +151,11 @@ class _Checker:
             if value not in SCENARIOS:
                 self.fail("scenario", f"unknown scenario '{value}' (known: {', '.join(sorted(SCENARIOS))})")
             return "scenario", value, None
+        if key == "generator":
+            known = generator_commands()
+            if value not in known:
+                self.fail("generator", f"unknown trace generator '{value}' (known: {', '.join(sorted(known))})")
+            return "generator", value, None
         trace = Path(value)
         if not trace.is_absolute():
             trace = self.path.parent / trace  # relative to the sweep file, not the current folder
@@ -175,7 +179,17 @@ class _Checker:
             return {p.name: p for p in params if p.name not in skip}
         from cmemu.cli import run as run_command
 
-        return {p.name: p for p in run_command.params if p.name in TRACE_OPTIONS}
+        allowed = {p.name: p for p in run_command.params if p.name in TRACE_OPTIONS}
+        if kind == "generator":
+            # The generator's own options, then those of the run of what it generated.
+            for p in generator_commands()[target].params:
+                if p.name in ("system", "overrides", "output"):
+                    continue
+                if p.name in allowed:
+                    self.fail("generator", f"option '{p.name}' of generator '{target}' has the name of "
+                                           "an option of the trace run")
+                allowed[p.name] = p
+        return allowed
 
     def option_name(self, where: str, key: str) -> str:
         """An option by its Python name (``a2a_dies``, ``ops``) or its flag (``a2a-dies``, ``op``)."""
@@ -183,7 +197,9 @@ class _Checker:
             flags = {o.lstrip("-").replace("-", "_") for o in param.opts if o.startswith("--")}
             if key.replace("-", "_") == name or key.replace("-", "_") in flags:
                 return name
-        what = "the trace run" if self.doc.get("trace") else f"scenario '{self.doc.get('scenario')}'"
+        what = (f"scenario '{self.doc['scenario']}'" if "scenario" in self.doc
+                else f"generator '{self.doc['generator']}' (or the run of its trace)" if "generator" in self.doc
+                else "the trace run")
         self.fail(where, f"{what} has no option '{key}' (options: {', '.join(sorted(self.allowed))}; "
                          "spec fields are written with their path, e.g. ub.link_rate_gbit_per_s or set.nodes)")
 
@@ -385,7 +401,7 @@ class _Checker:
 
         system = fixed_system
         overrides = dict(fixed_set)
-        options = {name: p.default for name, p in self.allowed.items()}
+        options = {name: _default(p) for name, p in self.allowed.items()}
         options.update(fixed_options)
         for key, value in parameters.items():
             what, name = self.classify(key)
@@ -399,14 +415,35 @@ class _Checker:
             from cmemu.scenarios import load_command
 
             system = next(p.default for p in load_command(target).params if p.name == "system")
+        if kind == "generator" and system is None:
+            from cmemu.run import DEFAULT_SYSTEM  # what `cmemu trace gen` uses without --system
+
+            system = DEFAULT_SYSTEM
         config = {"cmemu_version": __version__, "kind": kind}
-        if kind == "scenario":
-            config["scenario"] = target
-        else:
+        if kind == "trace":
             config["trace"] = {"name": Path(target).name, "sha256": trace_sha}
+        else:
+            config[kind] = target
         # A trace run without a system uses the trace header's (the sha256 covers the header).
         config.update(system=system, overrides=dict(sorted(overrides.items())), options=options)
         return Point(point_key(config), parameters, config, target if kind == "trace" else None)
+
+
+def generator_commands() -> dict:
+    """The trace generators: the commands of `cmemu trace gen`, by name."""
+    from cmemu.cli import trace_gen
+
+    return dict(trace_gen.commands)
+
+
+def _default(param):
+    """A click option's default as the command would see it: None for an option without one."""
+    value = param.default
+    if callable(value):
+        value = value()
+    if value is not None and not isinstance(value, (str, int, float, bool, list, tuple)):
+        return None  # click's "unset" marker
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _tidy(x: float) -> float:

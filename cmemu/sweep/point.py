@@ -1,6 +1,6 @@
-"""One point of a sweep, as a Dask worker runs it: a scenario or a trace replay, its results as
-JSON-able tables, and any error caught and returned rather than raised (so that one failing point
-is a record, not the end of the sweep).
+"""One point of a sweep, as a Dask worker runs it: a scenario, a trace replay, or a trace
+generated and replayed; its results as JSON-able tables, and any error caught and returned rather
+than raised (so that one failing point is a record, not the end of the sweep).
 
 This module is what workers import; it imports the model only inside ``run_point``.
 """
@@ -12,6 +12,7 @@ import traceback
 from cmemu.errors import CmemuError
 
 TIMELINE_NAME = "timeline.h5"
+GENERATED_TRACE_NAME = "trace.json"
 
 
 def run_point(config: dict, trace_path: str | None, folder: str) -> dict:
@@ -26,6 +27,8 @@ def run_point(config: dict, trace_path: str | None, folder: str) -> dict:
     try:
         if config["kind"] == "scenario":
             parameters, tables = _run_scenario(config)
+        elif config["kind"] == "generator":
+            parameters, tables = _run_generator(config, folder)
         else:
             parameters, tables = _run_trace(config, trace_path, folder)
     except CmemuError as exc:
@@ -52,28 +55,56 @@ def _run_scenario(config: dict):
 
 
 def _run_trace(config: dict, trace_path: str, folder: str):
-    """Replay the trace with the timeline in the point's folder; its figures are the report's
-    summary (``cmemu report --json``), flattened to one row with dotted keys."""
     import hashlib
+
+    with open(trace_path, "rb") as f:
+        if hashlib.sha256(f.read()).hexdigest() != config["trace"]["sha256"]:
+            raise CmemuError(f"{trace_path} changed since the sweep was planned; run the sweep again")
+    parameters, tables = _replay(config, trace_path, folder)
+    return {**parameters, "trace": trace_path}, tables
+
+
+def _run_generator(config: dict, folder: str):
+    """Generate the point's trace with the `cmemu trace gen` command (the function behind it,
+    so that its errors stay exceptions), replay it, and delete it: config.json says how to make
+    it again, and a generated trace can be far larger than its timeline."""
+    import contextlib
+    import io
+    from pathlib import Path
+
+    from cmemu.sweep.plan import TRACE_OPTIONS, generator_commands
+
+    command = generator_commands()[config["generator"]]
+    generate = getattr(command.callback, "__wrapped__", command.callback)  # inside reports_errors
+    options = {k: v for k, v in config["options"].items() if k not in TRACE_OPTIONS}
+    trace = Path(folder) / GENERATED_TRACE_NAME
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its "wrote ..." line
+            generate(system=config["system"], overrides=tuple(_overrides(config)), output=trace, **options)
+        parameters, tables = _replay(config, trace, folder)
+    finally:
+        trace.unlink(missing_ok=True)
+    return {**parameters, "generator": config["generator"]}, tables
+
+
+def _replay(config: dict, trace_path, folder: str):
+    """Replay a trace with the timeline in the point's folder; its figures are the report's
+    summary (``cmemu report --json``), flattened to one row with dotted keys."""
     from pathlib import Path
 
     from cmemu.output.reader import open_timeline
     from cmemu.run import run_trace
     from cmemu.sweep.plan import TRACE_OPTIONS
 
-    with open(trace_path, "rb") as f:
-        if hashlib.sha256(f.read()).hexdigest() != config["trace"]["sha256"]:
-            raise CmemuError(f"{trace_path} changed since the sweep was planned; run the sweep again")
-    kwargs = {TRACE_OPTIONS[k]: v for k, v in config["options"].items()}
-    kwargs["native"] = kwargs["native"] == "native"
+    kwargs = {TRACE_OPTIONS[k]: v for k, v in config["options"].items() if k in TRACE_OPTIONS}
+    kwargs["native"] = kwargs.get("native", "native") == "native"
     output = Path(folder) / TIMELINE_NAME
     r = run_trace(trace_path, system=config["system"], overrides=_overrides(config), output=output,
                   progress=False, **kwargs)
     with open_timeline(output) as t:
         row = flatten(t.summary())
     row.update(events=r.events, max_pending_events=r.max_pending_events, engine_wall_time_s=r.wall_time_s)
-    parameters = {"system": r.spec.name, "trace": trace_path, "timeline": TIMELINE_NAME}
-    return parameters, {"run": [row]}
+    return {"system": r.spec.name, "timeline": TIMELINE_NAME}, {"run": [row]}
 
 
 def flatten(doc: dict, prefix: str = "") -> dict:
