@@ -31,3 +31,7 @@ class SimulationError(CmemuError):
 
 class UnroutableError(SimulationError):
     """A message has no path left through the failed parts of the fabric (args[0]: its index)."""
+
+
+class DieFailedError(SimulationError):
+    """An op was to start on a die that has failed (args[0]: the op's index)."""

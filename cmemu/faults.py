@@ -1,10 +1,12 @@
 """Failed parts of the fabric: ``--fail link:ID``, ``l1:NODE.PLANE``, ``l2:PLANE.CHIP``, ``die:ID``.
 
-A failed part takes every link that touches it out of service from the start of the run: the
-engine's path choice skips any sub-plane and L2 chip whose path crosses a dead link, so traffic
-moves to the remaining paths; a message with no path left stops the run with an error naming it.
-A failed die also fails every op placed on it. (Failures during a run, with packets lost in
-flight and retransmitted, are not modelled yet.)
+A failed part takes every link that touches it out of service: the engine's path choice skips
+any sub-plane and L2 chip whose path crosses a dead link, so traffic moves to the remaining
+paths; a message with no path left stops the run with an error naming it. A failed die also fails
+every op placed on it. A part can fail from the start (``--fail``, or a trace's ``cmemu.faults``
+with ``at_ns`` 0) or during the run (``at_ns`` > 0): then the packets waiting for its links or on
+their wires are lost, and their sources send them again on live paths after the UB transport's
+timeout (``ub.retransmit_timeout_ns``).
 """
 from __future__ import annotations
 

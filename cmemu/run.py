@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from cmemu._core import make_engine
-from cmemu.errors import CmemuError, SimulationError, UnroutableError
+from cmemu.errors import CmemuError, DieFailedError, SimulationError, UnroutableError
 from cmemu.faults import parse_failures
 from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
 from cmemu.lower.fabric import build_fabric
@@ -197,6 +197,7 @@ class RunResult:
     msg_packets: np.ndarray | None = None  # int64 [msgs]: packets each message was cut into
     msg_delivered_ps: np.ndarray | None = None  # int64 [msgs]: when its last byte was in memory
     packets_sent: int = 0  # packet transmissions, one per packet per link
+    packets_lost: int = 0  # packets lost on links that failed during the run (and sent again)
     hbm_series: dict | None = None  # {"bin_ps", "die", "bin", "bytes"}: HBM bytes per die and time bin
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
@@ -253,7 +254,7 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps)
     per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
     try:
-        while not _run_slice(engine, lowered):
+        while not _run_slice(engine, lowered, fabric):
             if progress is not None:
                 progress.update(engine)
             # Storage grows by doubling, so it can hold twice the high-water mark.
@@ -278,9 +279,15 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     return engine
 
 
-def _run_slice(engine, lowered) -> bool:
+def _run_slice(engine, lowered, fabric) -> bool:
     try:
         return engine.run(EVENTS_PER_SLICE)
+    except DieFailedError as exc:
+        op = exc.args[0]
+        die = int(lowered.op_rank[op])
+        when = int(fabric.fail_time_ps[fabric.fail_die == die].min())
+        raise SimulationError(f"{_op_label(lowered, op)} needs die {die}, which failed at "
+                              f"{when / 1e6:,.3f} us (cmemu.faults)") from None
     except UnroutableError as exc:
         m = exc.args[0]
         op = int(lowered.msg_send_op[m]) if lowered.msg_send_op[m] >= 0 else int(lowered.msg_recv_op[m])
@@ -389,9 +396,11 @@ def run_trace(
             "raise --max-memory or split the trace"
         )
     lowered = lower(trace, topo)
-    failures = parse_failures(list(fail) + _trace_failures(trace), topo)
+    static, timed = _trace_failures(trace)
+    failures = parse_failures(list(fail) + static, topo)
     check_failed_dies(lowered, failures)
-    fabric = build_fabric(topo, failures)
+    schedule = [(at, parse_failures([part], topo)) for at, part in timed]
+    fabric = build_fabric(topo, failures, schedule)
     check_clock_range(lowered, fabric)
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
     queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
@@ -414,6 +423,7 @@ def run_trace(
         msg_packets=np.asarray(engine.msg_packets, dtype=np.int64),
         msg_delivered_ps=np.asarray(engine.msg_delivered_ps),
         packets_sent=int(engine.packets_sent),
+        packets_lost=int(getattr(engine, "packets_lost", 0)),
     )
     check_invariants(full)
     result = trace_result(full)
@@ -439,20 +449,23 @@ def _check_file_size(path: Path, limit: int) -> None:
         )
 
 
-def _trace_failures(trace) -> list[str]:
-    """Failures the trace's header schedules (``cmemu.faults``: [{"fail": "l2:0.3", "at_ns": 0}])."""
+def _trace_failures(trace) -> tuple[list[str], list[tuple[int, str]]]:
+    """Failures the trace's header schedules (``cmemu.faults``: [{"fail": "l2:0.3", "at_ns": 5000}]):
+    (parts down from the start, [(time in ps, part) failing during the run])."""
     from cmemu.faults import FaultError
 
-    out = []
+    static, timed = [], []
     for k, entry in enumerate(trace.header.get("cmemu.faults", [])):
         if not isinstance(entry, dict) or not isinstance(entry.get("fail"), str):
             raise FaultError(f"{trace.path}: header cmemu.faults[{k}] must be {{\"fail\": \"l2:PLANE.CHIP\", ...}}")
         at = entry.get("at_ns", 0)
-        if at != 0:
-            raise FaultError(f"{trace.path}: header cmemu.faults[{k}]: at_ns {at}: failures during a run are not "
-                             "modelled yet; only failures from the start (at_ns 0)")
-        out.append(entry["fail"])
-    return out
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at < 2**52:
+            raise FaultError(f"{trace.path}: header cmemu.faults[{k}]: at_ns must be a time in ns >= 0, got {at!r}")
+        if at == 0:
+            static.append(entry["fail"])
+        else:
+            timed.append((ns_to_ps(at), entry["fail"]))
+    return static, timed
 
 
 def _hbm_series(full: RunResult) -> dict | None:

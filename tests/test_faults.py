@@ -85,9 +85,39 @@ def test_fault_schedule_in_the_trace(tmp_path):
     r = run_trace(_write(tmp_path, doc), progress=False)
     topo = build_topology(load_system("mini"))
     assert r.link_bytes[sorted(parse_failures(["l2:2.4"], topo).links)].sum() == 0
-    later = _pair_doc(0, 16, 512, **{"cmemu.faults": [{"fail": "l2:2.4", "at_ns": 1000}]})
-    with pytest.raises(CmemuError, match="during a run are not modelled yet"):
-        run_trace(_write(tmp_path, later, "later.json"), progress=False)
+    with pytest.raises(CmemuError, match="at_ns must be a time"):
+        run_trace(_write(tmp_path, _pair_doc(0, 16, 512, **{"cmemu.faults": [{"fail": "l2:0.1", "at_ns": -5}]}),
+                         "bad.json"), progress=False)
+
+
+def test_a_chip_failing_mid_transfer_loses_packets_that_are_sent_again(tmp_path):
+    # 8 MiB from die 0 to die 16 (2048 packets sprayed over all 112 paths); at 10 us, L2 chip
+    # 0.0 fails: packets queued for it or on its links are lost and sent again after the
+    # retransmission timeout, on other paths. Everything still arrives, later.
+    size = 8 * 2**20
+    healthy = run_trace(_write(tmp_path, _pair_doc(0, 16, size), "h.json"), progress=False)
+    doc = _pair_doc(0, 16, size, **{"cmemu.faults": [{"fail": "l2:0.0", "at_ns": 10_000}]})
+    failed = run_trace(_write(tmp_path, doc, "f.json"), progress=False)
+    assert failed.packets_lost > 0
+    rto = round(load_system("mini").ub.retransmit_timeout_ns * 1000)
+    assert failed.op_end_ps[1] > healthy.op_end_ps[1] and failed.op_end_ps[1] >= 10_000_000 + rto
+    assert int(failed.msg_delivered_ps[0]) == int(failed.op_end_ps[1])  # all of it arrived
+    # The native kernel and the reference agree on all of it.
+    ref = run_trace(_write(tmp_path, doc, "f.json"), progress=False, native=False)
+    np.testing.assert_array_equal(ref.op_end_ps, failed.op_end_ps)
+    assert ref.packets_lost == failed.packets_lost
+
+
+def test_a_die_failing_during_the_run_fails_the_ops_that_need_it_later(tmp_path):
+    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini",
+           "cmemu.faults": [{"fail": "die:3", "at_ns": 500}], "nodes": [
+               {"id": 0, "type": "COMP", "rank": 3, "attrs": {"cmemu.duration_ns": 100}},
+               {"id": 1, "name": "late", "type": "COMP", "rank": 3, "attrs": {"cmemu.duration_ns": 100}},
+               {"id": 2, "type": "COMP", "rank": 3, "data_deps": [1], "attrs": {"cmemu.duration_ns": 1000}},
+               {"id": 3, "name": "after", "type": "COMP", "rank": 3, "data_deps": [2],
+                "attrs": {"cmemu.duration_ns": 10}}]}
+    with pytest.raises(SimulationError, match=r"node 3 'after' .* needs die 3, which failed at 0.500 us"):
+        run_trace(_write(tmp_path, doc), progress=False)
 
 
 def test_all_to_all_degrades_with_failed_chips(topo):

@@ -34,7 +34,7 @@ from libc.stdint cimport int64_t, int32_t, uint8_t, uint64_t
 import numpy as np
 cimport numpy as cnp
 
-from cmemu.errors import UnroutableError
+from cmemu.errors import DieFailedError, UnroutableError
 
 cnp.import_array()
 
@@ -80,6 +80,8 @@ cdef enum:
     EV_RESP_INJECT = 6
     EV_ACK = 7
     EV_MSG_DELIVERED = 8
+    EV_FAIL = 9
+    EV_RETRANSMIT = 10
 
 cdef int64_t PS_PER_S = 1000000000000
 
@@ -224,7 +226,16 @@ cdef class Engine:
     cdef const int64_t[::1] link_rate
     cdef const int64_t[::1] link_lat
     cdef const int32_t[::1] link_in_slot
-    cdef const uint8_t[::1] link_alive
+    cdef uint8_t[::1] link_alive
+    # Failures during the run: at fail_time[k], links fail_links[fail_ptr[k]:fail_ptr[k+1]] and
+    # die fail_die[k] (or none, -1) go down; lost packets are sent again after rto_ps.
+    cdef const int64_t[::1] fail_time
+    cdef const int64_t[::1] fail_ptr
+    cdef const int32_t[::1] fail_links
+    cdef const int32_t[::1] fail_die
+    cdef uint8_t[::1] die_failed
+    cdef int64_t rto_ps
+    cdef readonly int64_t packets_lost
     cdef const int64_t[::1] voq_base
     cdef const int32_t[::1] voq_slots
     cdef int64_t[::1] credits
@@ -341,7 +352,14 @@ cdef class Engine:
         self.link_rate = F.link_rate_byte_per_s
         self.link_lat = F.link_latency_ps
         self.link_in_slot = F.link_in_slot
-        self.link_alive = F.link_alive
+        self.link_alive = F.link_alive.copy()
+        self.fail_time = F.fail_time_ps
+        self.fail_ptr = F.fail_ptr
+        self.fail_links = F.fail_links
+        self.fail_die = F.fail_die
+        self.die_failed = np.zeros(F.d2d.shape[0], dtype=np.uint8)
+        self.rto_ps = F.retransmit_timeout_ps
+        self.packets_lost = 0
         self.voq_base = F.link_voq_base
         self.voq_slots = F.link_voq_slots
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).astype(np.int64)
@@ -422,6 +440,8 @@ cdef class Engine:
         self.ops_done = 0
         self.max_pending = 0
         self.past_event = False
+        for i in range(self.fail_time.shape[0]):
+            self.push(self.fail_time[i], EV_FAIL, <int32_t>i)
         for i in range(self.n_ops):
             if self.pending_deps[i] == 0:
                 self.push(0, EV_OP_READY, <int32_t>i)
@@ -700,6 +720,78 @@ cdef class Engine:
             return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
 
+    cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p) except -1:
+        """The (plane, L2 chip) index of packet ``seq`` of message m: sprayed or hashed, and a path
+        through a failed link is replaced by another drawn by a hash of the message, packet and
+        try (so the lost paths' share spreads over the others); after 2 x paths draws, the first
+        live path in order; none at all is an error."""
+        cdef int64_t idx, tries = 0
+        cdef int path = self.msg_path[m]
+        if self.lb == LB_SPRAY:
+            idx = (self.msg_hash[m] + seq) % (self.P * self.U)
+        else:
+            idx = self.msg_hash[m] % (self.P * self.U)
+        while not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
+            tries += 1
+            if path != PATH_UB or tries > 3 * self.P * self.U:
+                if p >= 0:
+                    self.packet_release(p)
+                raise UnroutableError(m)
+            if tries <= 2 * self.P * self.U:
+                idx = (self.msg_hash[m] * 2654435761 + seq * 40503 + tries * 97) % (self.P * self.U)
+            else:
+                idx = tries - 2 * self.P * self.U - 1
+        return idx
+
+    cdef int lose(self, int32_t p) except -1:
+        """A packet is lost (its link failed): free what it held; its source sends it again."""
+        self.packets_lost += 1
+        self.push(self.now + self.rto_ps, EV_RETRANSMIT, p)
+        return 0
+
+    cdef int on_fail(self, int32_t k) except -1:
+        """Links (and maybe a die) go down: packets waiting for a dead link are lost."""
+        cdef int64_t i, q, base, n
+        cdef int32_t link, p, prev
+        for i in range(self.fail_ptr[k], self.fail_ptr[k + 1]):
+            self.link_alive[self.fail_links[i]] = 0
+        if self.fail_die[k] >= 0:
+            self.die_failed[self.fail_die[k]] = 1
+        for i in range(self.fail_ptr[k], self.fail_ptr[k + 1]):
+            link = self.fail_links[i]
+            base = self.voq_base[link]
+            n = self.voq_slots[link] * NUM_VLS
+            for q in range(base, base + n):
+                while self.voq_head[q] >= 0:
+                    p = self.voq_head[q]
+                    self.voq_head[q] = self.pkts[p].next
+                    prev = self.pkts[p].in_link
+                    if prev >= 0:
+                        # It leaves the buffer it waited in: that buffer's sender gets the credit.
+                        self.credits[prev * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
+                        self.try_transmit(prev)
+                    self.lose(p)
+                self.voq_tail[q] = -1
+            self.queued[link] = 0
+            for q in range((n + 63) >> 6):
+                self.voq_mask[self.mask_base[link] + q] = 0
+        return 0
+
+    cdef int on_retransmit(self, int32_t p) except -1:
+        """The source (the target, for a read's response) sends a lost packet again, on a live path."""
+        cdef int32_t m = self.pkts[p].msg, s, d, first
+        cdef int64_t idx = self.choose_path(m, self.pkts[p].seq, -1)
+        self.pkts[p].plane = <uint8_t>(idx % self.P)
+        self.pkts[p].uplink = <int32_t>(idx // self.P)
+        self.pkts[p].hop = 0
+        self.pkts[p].in_link = -1
+        self.pkts[p].ready = self.now
+        self.leg_ends(p, &s, &d)
+        first = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
+        self.voq_append(first, 0, p)
+        self.try_transmit(first)
+        return 0
+
     cdef bint path_alive(self, int32_t m, int plane, int uplink) noexcept nogil:
         """Whether every link of message m's path on (plane, uplink) is up, both ways for a read."""
         cdef int path = self.msg_path[m], hop, leg
@@ -822,7 +914,7 @@ cdef class Engine:
         head packet fits in the receiver's credits."""
         cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1
         cdef int32_t p = -1, prev, vl
-        if self.queued[link] == 0:
+        if self.queued[link] == 0 or not self.link_alive[link]:
             return 0
         if self.busy_until[link] > self.now:
             if not self.free_pending[link]:
@@ -885,6 +977,8 @@ cdef class Engine:
     cdef int on_op_ready(self, int32_t op) except -1:
         """Dependencies done: start now if the op's cores are free and nobody waits before it."""
         cdef int32_t die
+        if self.op_die[op] < self.die_failed.shape[0] and self.die_failed[self.op_die[op]]:
+            raise DieFailedError(op)
         if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
             die = self.op_die[op]
             if self.core_qhead[die] >= 0 or self.free_aic[die] < self.op_aic[op] or self.free_aiv[die] < self.op_aiv[op]:
@@ -962,23 +1056,7 @@ cdef class Engine:
             # A read request carries no data; an atomic's carries its operand.
             self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype,
                                                            0 if kind == MSG_READ else payload)
-            if self.lb == LB_SPRAY:
-                idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
-            else:
-                idx = self.msg_hash[m] % (self.P * self.U)
-            # A path through a failed link is replaced by another drawn by a hash of the message,
-            # packet and try (so the lost paths' share spreads over the others); after 2 x paths
-            # draws, the first live path in order; none at all is an error.
-            tries = 0
-            while not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
-                tries += 1
-                if path != PATH_UB or tries > 3 * self.P * self.U:
-                    self.packet_release(p)
-                    raise UnroutableError(m)
-                if tries <= 2 * self.P * self.U:
-                    idx = (self.msg_hash[m] * 2654435761 + self.msg_seq[m] * 40503 + tries * 97) % (self.P * self.U)
-                else:
-                    idx = tries - 2 * self.P * self.U - 1
+            idx = self.choose_path(m, self.msg_seq[m], p)
             self.pkts[p].plane = <uint8_t>(idx % self.P)
             self.pkts[p].uplink = <int32_t>(idx // self.P)
             self.msg_offset[m] += payload
@@ -1009,8 +1087,18 @@ cdef class Engine:
         cdef int32_t link = self.pkts[p].link, nxt, s, d, m
         cdef int64_t rate, start
         m = self.pkts[p].msg
+        if not self.link_alive[link]:
+            # It was on the wire when the link failed: lost. The dead link's receiver never
+            # holds it, so its credit comes back at once (keeps the books balanced).
+            self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
+            return self.lose(p)
         self.leg_ends(p, &s, &d)
         nxt = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, self.pkts[p].hop + 1)
+        if nxt >= 0 and not self.link_alive[nxt]:
+            # Its next link has failed: the switch drops it, freeing its buffer.
+            self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
+            self.try_transmit(link)
+            return self.lose(p)
         if nxt >= 0:
             self.pkts[p].hop += 1
             self.voq_append(nxt, self.link_in_slot[link], p)
@@ -1076,6 +1164,8 @@ cdef class Engine:
         self.pkts[p].ready = self.now
         self.pkts[p].wire = <int32_t>self.wire_bytes(path, PKT_READ_RESP, self.pkts[p].payload)
         first = self.route_link(path, self.msg_src[m], self.msg_dst[m], self.pkts[p].plane, self.pkts[p].uplink, 0)
+        if not self.link_alive[first]:
+            return self.lose(p)  # its way back failed while the target was reading
         self.voq_append(first, 0, p)
         self.try_transmit(first)
         return 0
@@ -1153,6 +1243,10 @@ cdef class Engine:
                 self.on_message_start(ev.a)
             elif ev.kind == EV_SINK_DONE:
                 self.on_sink_done(ev.a)
+            elif ev.kind == EV_FAIL:
+                self.on_fail(ev.a)
+            elif ev.kind == EV_RETRANSMIT:
+                self.on_retransmit(ev.a)
             elif ev.kind == EV_RESP_INJECT:
                 self.on_response_inject(ev.a)
             else:

@@ -9,7 +9,7 @@ import heapq
 
 import numpy as np
 
-from cmemu.errors import UnroutableError
+from cmemu.errors import DieFailedError, UnroutableError
 
 from cmemu.lower.fabric import (
     LB_SPRAY,
@@ -29,7 +29,7 @@ from cmemu.lower.fabric import (
 
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
 (EV_OP_READY, EV_OP_DONE, EV_MSG_START, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE, EV_RESP_INJECT, EV_ACK,
- EV_MSG_DELIVERED) = range(9)
+ EV_MSG_DELIVERED, EV_FAIL, EV_RETRANSMIT) = range(11)
 PS_PER_S = 10**12
 
 
@@ -106,6 +106,13 @@ class Engine:
         self.link_lat = F.link_latency_ps.tolist()
         self.link_in_slot = F.link_in_slot.tolist()
         self.link_alive = F.link_alive.tolist()
+        self.fail_time = F.fail_time_ps.tolist()
+        self.fail_ptr = F.fail_ptr.tolist()
+        self.fail_links = F.fail_links.tolist()
+        self.fail_die = F.fail_die.tolist()
+        self.die_failed = [False] * int(F.d2d.shape[0])
+        self.rto_ps = int(F.retransmit_timeout_ps)
+        self.packets_lost = 0
         self.voq_base = F.link_voq_base.tolist()
         self.voq_slots = F.link_voq_slots.tolist()
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).tolist()
@@ -153,6 +160,8 @@ class Engine:
         self.ops_done = 0
         self.max_pending = 0
         self.past_event = False
+        for i, t in enumerate(self.fail_time):
+            self.push(t, EV_FAIL, i)
         for i in range(self.n_ops):
             if self.pending_deps[i] == 0:
                 self.push(0, EV_OP_READY, i)
@@ -215,6 +224,62 @@ class Engine:
             count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
             return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
+
+    def choose_path(self, m, seq, p):
+        path = self.msg_path[m]
+        pu = self.P * self.U
+        idx = (self.msg_hash[m] + seq) % pu if self.lb == LB_SPRAY else self.msg_hash[m] % pu
+        tries = 0
+        while not self.path_alive(m, idx % self.P, idx // self.P):
+            tries += 1
+            if path != PATH_UB or tries > 3 * pu:
+                if p >= 0:
+                    self.packet_release(p)
+                raise UnroutableError(m)
+            if tries <= 2 * pu:
+                idx = (self.msg_hash[m] * 2654435761 + seq * 40503 + tries * 97) % pu
+            else:
+                idx = tries - 2 * pu - 1
+        return idx
+
+    def lose(self, p):
+        self.packets_lost += 1
+        self.push(self.now + self.rto_ps, EV_RETRANSMIT, p)
+
+    def on_fail(self, k):
+        lo, hi = self.fail_ptr[k], self.fail_ptr[k + 1]
+        for i in range(lo, hi):
+            self.link_alive[self.fail_links[i]] = 0
+        if self.fail_die[k] >= 0:
+            self.die_failed[self.fail_die[k]] = True
+        for i in range(lo, hi):
+            link = self.fail_links[i]
+            base = self.voq_base[link]
+            for q in range(base, base + self.voq_slots[link] * NUM_VLS):
+                while self.voq_head[q] >= 0:
+                    p = self.voq_head[q]
+                    self.voq_head[q] = self.pkt_next[p]
+                    pk = self.pkts[p]
+                    if pk.in_link >= 0:
+                        self.credits[pk.in_link * NUM_VLS + pk.vl] += pk.wire
+                        self.try_transmit(pk.in_link)
+                    self.lose(p)
+                self.voq_tail[q] = -1
+            self.queued[link] = 0
+
+    def on_retransmit(self, p):
+        pk = self.pkts[p]
+        m = pk.msg
+        idx = self.choose_path(m, pk.seq, -1)
+        pk.plane = idx % self.P
+        pk.uplink = idx // self.P
+        pk.hop = 0
+        pk.in_link = -1
+        pk.ready = self.now
+        s, d = self.leg_ends(p)
+        first = self.route_link(self.msg_path[m], s, d, pk.plane, pk.uplink, 0)
+        self.voq_append(first, 0, p)
+        self.try_transmit(first)
 
     def path_alive(self, m, plane, uplink):
         path = self.msg_path[m]
@@ -289,7 +354,7 @@ class Engine:
 
     # -- link arbitration ------------------------------------------------------------------
     def try_transmit(self, link):
-        if self.queued[link] == 0:
+        if self.queued[link] == 0 or not self.link_alive[link]:
             return
         if self.busy_until[link] > self.now:
             if not self.free_pending[link]:
@@ -340,6 +405,8 @@ class Engine:
 
     # -- handlers --------------------------------------------------------------------------
     def on_op_ready(self, op):
+        if self.op_die[op] < len(self.die_failed) and self.die_failed[self.op_die[op]]:
+            raise DieFailedError(op)
         if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
             die = self.op_die[op]
             if self.core_wait[die] or self.free_aic[die] < self.op_aic[op] or self.free_aiv[die] < self.op_aiv[op]:
@@ -402,21 +469,7 @@ class Engine:
             pk.vl = 0
             pk.ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
             pk.wire = self.wire_bytes(path, pk.ptype, 0 if kind == MSG_READ else payload)
-            if self.lb == LB_SPRAY:
-                idx = (self.msg_hash[m] + self.msg_seq[m]) % (self.P * self.U)
-            else:
-                idx = self.msg_hash[m] % (self.P * self.U)
-            tries = 0
-            pu = self.P * self.U
-            while not self.path_alive(m, idx % self.P, idx // self.P):
-                tries += 1
-                if path != PATH_UB or tries > 3 * pu:
-                    self.packet_release(p)
-                    raise UnroutableError(m)
-                if tries <= 2 * pu:
-                    idx = (self.msg_hash[m] * 2654435761 + self.msg_seq[m] * 40503 + tries * 97) % pu
-                else:
-                    idx = tries - 2 * pu - 1
+            idx = self.choose_path(m, self.msg_seq[m], p)
             pk.plane = idx % self.P
             pk.uplink = idx // self.P
             self.msg_offset[m] += payload
@@ -442,8 +495,15 @@ class Engine:
         pk = self.pkts[p]
         link = pk.link
         m = pk.msg
+        if not self.link_alive[link]:
+            self.credits[link * NUM_VLS + pk.vl] += pk.wire
+            return self.lose(p)
         s, d = self.leg_ends(p)
         nxt = self.route_link(self.msg_path[m], s, d, pk.plane, pk.uplink, pk.hop + 1)
+        if nxt >= 0 and not self.link_alive[nxt]:
+            self.credits[link * NUM_VLS + pk.vl] += pk.wire
+            self.try_transmit(link)
+            return self.lose(p)
         if nxt >= 0:
             pk.hop += 1
             self.voq_append(nxt, self.link_in_slot[link], p)
@@ -508,6 +568,8 @@ class Engine:
         pk.ready = self.now
         pk.wire = self.wire_bytes(path, PKT_READ_RESP, pk.payload)
         first = self.route_link(path, self.msg_src[m], self.msg_dst[m], pk.plane, pk.uplink, 0)
+        if not self.link_alive[first]:
+            return self.lose(p)
         self.voq_append(first, 0, p)
         self.try_transmit(first)
 
@@ -550,6 +612,7 @@ class Engine:
         EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done, EV_MSG_START: on_message_start,
         EV_LINK_FREE: on_link_free, EV_PKT_ARRIVE: on_packet_arrive, EV_SINK_DONE: on_sink_done,
         EV_RESP_INJECT: on_response_inject, EV_ACK: on_ack, EV_MSG_DELIVERED: on_message_delivered,
+        EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit,
     }
 
     def run(self, max_events=-1):

@@ -87,7 +87,12 @@ class Fabric:
     vpc_dpu_down: np.ndarray  # int32 [N]
     load_balancing: int
     num_nodes: int
-    link_alive: np.ndarray  # uint8 [L]: 0 for a failed link (cmemu.faults)
+    link_alive: np.ndarray  # uint8 [L]: 0 for a link failed from the start (cmemu.faults)
+    fail_time_ps: np.ndarray  # int64 [F]: failures during the run, in time order
+    fail_ptr: np.ndarray  # int64 [F + 1]: failure k takes links fail_links[fail_ptr[k]:fail_ptr[k + 1]]
+    fail_links: np.ndarray  # int32
+    fail_die: np.ndarray  # int32 [F]: the die failure k takes, or -1
+    retransmit_timeout_ps: int
 
     def wire_bytes(self, path: int, ptype: int, payload: int) -> int:
         """Bytes a packet occupies on a link: payload + header, in whole flits."""
@@ -96,8 +101,9 @@ class Fabric:
         return -(-raw // flit) * flit
 
 
-def build_fabric(topo: Topology, failures=None) -> Fabric:
-    """The fabric of a topology; ``failures`` (cmemu.faults.Failures) takes links out of service."""
+def build_fabric(topo: Topology, failures=None, schedule=()) -> Fabric:
+    """The fabric of a topology. ``failures`` (cmemu.faults.Failures) takes parts out of service
+    from the start; ``schedule`` is [(time_ps, Failures)] of failures during the run."""
     spec = topo.spec
     ub, die = spec.ub, spec.die
     L = topo.num_links
@@ -194,7 +200,23 @@ def build_fabric(topo: Topology, failures=None) -> Fabric:
         load_balancing=LB_SPRAY if ub.load_balancing == "spray" else LB_HASH,
         num_nodes=spec.nodes,
         link_alive=_alive(L, failures),
+        **_schedule(schedule),
+        retransmit_timeout_ps=ns_to_ps(ub.retransmit_timeout_ns),
     )
+
+
+def _schedule(schedule) -> dict:
+    times, ptr, links, dies = [], [0], [], []
+    for at_ps, f in sorted(schedule, key=lambda x: x[0]):
+        if len(f.dies) > 1:
+            for d in sorted(f.dies)[1:]:
+                raise ValueError(f"one scheduled failure may take one die, not die {d} too")
+        times.append(at_ps)
+        links.extend(sorted(f.links))
+        ptr.append(len(links))
+        dies.append(next(iter(f.dies)) if f.dies else -1)
+    return {"fail_time_ps": np.asarray(times, dtype=np.int64), "fail_ptr": np.asarray(ptr, dtype=np.int64),
+            "fail_links": np.asarray(links, dtype=np.int32), "fail_die": np.asarray(dies, dtype=np.int32)}
 
 
 def _alive(n_links: int, failures) -> np.ndarray:

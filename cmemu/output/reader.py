@@ -260,6 +260,9 @@ class Timeline:
         names += [f"node {n} / L1 plane {p}" for n in range(nodes) for p in range(planes)]
         names += [f"L2 plane {p} / chip {c}" for p in range(planes) for c in range(chips)]
         names.append("RDMA switch")
+        if "vpc" in s:  # the VPC plane (timelines of cmemu with the VPC plane in the topology)
+            names += [f"node {n} / DPU" for n in range(nodes)]
+            names.append("VPC switch")
         return np.asarray(names, dtype=object)
 
     # -- figures ---------------------------------------------------------------------------

@@ -37,6 +37,7 @@ class UBSpec:
     header_ack_byte: int
     vl_buffer_byte: int
     max_outstanding_packets: int
+    retransmit_timeout_ns: float
     initiator_startup_ns: float
     write_issue_ns: float
     read_issue_ns: float

@@ -143,7 +143,7 @@ def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
                 a = comp(r, 0, f"{tag}.mb{mb}.rope", "rope", 32, [a], rows=t * (HEADS + 1), cols=QK_ROPE)
                 a = comp(r, 0, f"{tag}.mb{mb}.absorb_uk", "grouped_gemm", 16, [a], m=t, n=KV_LORA, k=QK_NOPE,
                          groups=HEADS, dtype="bf16")
-                a = comp(r, 0, f"{tag}.mb{mb}.attention", "mla_decode", 16, [a], tokens=t, kv_len=cfg.kv_len,
+                a = comp(r, 0, f"{tag}.mb{mb}.attention", "mla_attention", 16, [a], tokens=t, kv_len=cfg.kv_len,
                          heads=HEADS)
                 a = comp(r, 0, f"{tag}.mb{mb}.absorb_uv", "grouped_gemm", 16, [a], m=t, n=V_HEAD, k=KV_LORA,
                          groups=HEADS, dtype="bf16")
