@@ -133,7 +133,7 @@ def _run_points(todo: list, out: Path, scheduler, workers: int, progress: bool, 
             tag = uuid.uuid4().hex[:8]  # a fresh Dask key per run: a re-run must not get a stale result
             futures = {}
             for p in todo:
-                folder = str(out / POINTS_DIR / p.key)
+                folder = str((out / POINTS_DIR / p.key).resolve())  # workers may run elsewhere
                 fut = client.submit(run_point, p.config, p.trace_path, folder, key=f"cmemu-point-{p.key}-{tag}",
                                     retries=0)
                 futures[fut] = p

@@ -85,6 +85,9 @@ def load_sweep(path) -> Sweep:
 
 
 class _Checker:
+    """Checks a parsed sweep file part by part, in the order a reader meets them, and expands it
+    into points; ``fail`` raises the one error, naming the file and the key."""
+
     def __init__(self, path: Path, text: str, doc: dict):
         self.path, self.text, self.doc = path, text, doc
 
