@@ -91,6 +91,27 @@ cdef struct Event:
     int32_t kind
     int32_t a
 
+cdef struct OpInfo:
+    # Everything the loop touches per op, in one 64-byte line (ops are visited in no
+    # particular order, so one line per op instead of one per array).
+    int64_t dur
+    int64_t start
+    int64_t end
+    int64_t succ_lo
+    int32_t succ_n
+    int32_t pending
+    int32_t msg
+    int32_t res
+    int32_t die
+    uint8_t aic
+    uint8_t aiv
+    uint8_t kind
+    uint8_t pad[5]
+
+cdef extern from "<stdlib.h>":
+    int posix_memalign(void** memptr, size_t alignment, size_t size) nogil
+
+
 cdef struct Packet:
     int64_t ready     # not before this time may it leave its source (the initiator's issue rate)
     int32_t msg
@@ -165,23 +186,12 @@ cdef class Engine:
     cdef readonly int64_t now, events, n_ops, ops_done, max_pending, packets_sent, packets_live
     cdef readonly bint past_event
     # Ops.
-    cdef const uint8_t[::1] op_kind
-    cdef const int64_t[::1] op_dur_ps
+    cdef OpInfo* ops
     cdef const int64_t[::1] op_lat_ps
-    cdef const int32_t[::1] op_res
-    cdef const int32_t[::1] op_msg
-    cdef const int64_t[::1] succ_ptr
     cdef const int32_t[::1] succ_idx
-    cdef int32_t[::1] pending_deps
-    cdef readonly cnp.ndarray op_start_ps, op_end_ps
-    cdef int64_t[::1] op_start
-    cdef int64_t[::1] op_end
     cdef int64_t[::1] res_free
     # Cores: an op holds op_aic AIC and op_aiv AIV cores of its die while it runs; ops that do
     # not fit wait in their die's FIFO.
-    cdef const int32_t[::1] op_aic
-    cdef const int32_t[::1] op_aiv
-    cdef const int32_t[::1] op_die
     cdef int32_t[::1] free_aic
     cdef int32_t[::1] free_aiv
     cdef int32_t[::1] core_qhead
@@ -277,6 +287,7 @@ cdef class Engine:
     cdef int64_t series_len, series_cap
 
     def __cinit__(self):
+        self.ops = NULL
         self.heap = NULL
         self.fifo = NULL
         self.wheel = NULL
@@ -288,22 +299,37 @@ cdef class Engine:
         cdef int64_t i
         L, F = lowered, fabric
         self.n_ops = L.op_kind.shape[0]
-        self.op_kind = L.op_kind
-        self.op_dur_ps = L.op_dur_ps
+        if L.op_aic.size and (L.op_aic.max() > 255 or L.op_aiv.max() > 255):
+            raise ValueError("an op holds more than 255 cores of one kind")
+        cdef void* mem = NULL
+        if posix_memalign(&mem, 64, max(self.n_ops, 1) * sizeof(OpInfo)) != 0:
+            raise MemoryError("op table")
+        self.ops = <OpInfo*>mem
+        cdef const uint8_t[::1] kind = L.op_kind
+        cdef const int64_t[::1] dur = L.op_dur_ps
+        cdef const int32_t[::1] res = L.op_res
+        cdef const int32_t[::1] msg = L.op_msg
+        cdef const int64_t[::1] succ_ptr = L.succ_ptr
+        cdef const int32_t[::1] npred = L.op_npred
+        cdef const int32_t[::1] aic = L.op_aic
+        cdef const int32_t[::1] aiv = L.op_aiv
+        cdef const int32_t[::1] die = L.op_rank
+        for i in range(self.n_ops):
+            self.ops[i].dur = dur[i]
+            self.ops[i].start = -1
+            self.ops[i].end = -1
+            self.ops[i].succ_lo = succ_ptr[i]
+            self.ops[i].succ_n = <int32_t>(succ_ptr[i + 1] - succ_ptr[i])
+            self.ops[i].pending = npred[i]
+            self.ops[i].msg = msg[i]
+            self.ops[i].res = res[i]
+            self.ops[i].die = die[i]
+            self.ops[i].aic = <uint8_t>aic[i]
+            self.ops[i].aiv = <uint8_t>aiv[i]
+            self.ops[i].kind = kind[i]
         self.op_lat_ps = L.op_lat_ps
-        self.op_res = L.op_res
-        self.op_msg = L.op_msg
-        self.succ_ptr = L.succ_ptr
         self.succ_idx = L.succ_idx
-        self.pending_deps = L.op_npred.copy()
-        self.op_start_ps = np.full(self.n_ops, -1, dtype=np.int64)
-        self.op_end_ps = np.full(self.n_ops, -1, dtype=np.int64)
-        self.op_start = self.op_start_ps
-        self.op_end = self.op_end_ps
         self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
-        self.op_aic = L.op_aic
-        self.op_aiv = L.op_aiv
-        self.op_die = L.op_rank
         self.free_aic = L.die_aic_cores.copy()
         self.free_aiv = L.die_aiv_cores.copy()
         self.core_qhead = np.full(L.die_aic_cores.shape[0], -1, dtype=np.int32)
@@ -443,11 +469,12 @@ cdef class Engine:
         for i in range(self.fail_time.shape[0]):
             self.push(self.fail_time[i], EV_FAIL, <int32_t>i)
         for i in range(self.n_ops):
-            if self.pending_deps[i] == 0:
+            if self.ops[i].pending == 0:
                 self.push(0, EV_OP_READY, <int32_t>i)
 
     def __dealloc__(self):
         cdef int64_t i
+        free(self.ops)
         free(self.heap)
         free(self.fifo)
         if self.wheel != NULL:
@@ -976,12 +1003,12 @@ cdef class Engine:
     # -- handlers --------------------------------------------------------------------------
     cdef int on_op_ready(self, int32_t op) except -1:
         """Dependencies done: start now if the op's cores are free and nobody waits before it."""
-        cdef int32_t die
-        if self.op_die[op] < self.die_failed.shape[0] and self.die_failed[self.op_die[op]]:
+        cdef OpInfo* o = &self.ops[op]
+        cdef int32_t die = o.die
+        if die < self.die_failed.shape[0] and self.die_failed[die]:
             raise DieFailedError(op)
-        if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
-            die = self.op_die[op]
-            if self.core_qhead[die] >= 0 or self.free_aic[die] < self.op_aic[op] or self.free_aiv[die] < self.op_aiv[op]:
+        if o.aic > 0 or o.aiv > 0:
+            if self.core_qhead[die] >= 0 or self.free_aic[die] < o.aic or self.free_aiv[die] < o.aiv:
                 self.op_qnext[op] = -1
                 if self.core_qtail[die] < 0:
                     self.core_qhead[die] = op
@@ -989,30 +1016,31 @@ cdef class Engine:
                     self.op_qnext[self.core_qtail[die]] = op
                 self.core_qtail[die] = op
                 return 0
-            self.free_aic[die] -= self.op_aic[op]
-            self.free_aiv[die] -= self.op_aiv[op]
+            self.free_aic[die] -= o.aic
+            self.free_aiv[die] -= o.aiv
         return self.start_op(op)
 
     cdef int start_op(self, int32_t op) except -1:
         cdef int64_t t = self.now, start
         cdef int32_t msg, r
-        cdef uint8_t kind = self.op_kind[op]
-        self.op_start[op] = t
+        cdef OpInfo* o = &self.ops[op]
+        cdef uint8_t kind = o.kind
+        o.start = t
         if kind == K_COMP:
-            self.push(t + self.op_dur_ps[op], EV_OP_DONE, op)
+            self.push(t + o.dur, EV_OP_DONE, op)
         elif kind == K_MEM:
-            r = self.op_res[op]
+            r = o.res
             start = t if t > self.res_free[r] else self.res_free[r]
-            self.res_free[r] = start + self.op_dur_ps[op]
-            self.push(start + self.op_dur_ps[op] + self.op_lat_ps[op], EV_OP_DONE, op)
+            self.res_free[r] = start + o.dur
+            self.push(start + o.dur + self.op_lat_ps[op], EV_OP_DONE, op)
         elif kind == K_SEND:
-            msg = self.op_msg[op]
+            msg = o.msg
             if self.msg_kind[msg] == MSG_WRITE:
                 self.push(t + self.ep_startup[self.msg_src[msg]], EV_MSG_START, msg)
             else:
                 self.push(t, EV_OP_DONE, op)  # the holder of read data has nothing to do
         else:  # K_RECV
-            msg = self.op_msg[op]
+            msg = o.msg
             if self.msg_kind[msg] != MSG_WRITE:
                 self.push(t + self.ep_startup[self.msg_dst[msg]], EV_MSG_START, msg)
             if self.msg_delivered[msg] >= 0:
@@ -1191,27 +1219,28 @@ cdef class Engine:
     cdef int on_op_done(self, int32_t op) except -1:
         cdef int64_t s
         cdef int32_t nxt, die, w
-        self.op_end[op] = self.now
+        cdef OpInfo* o = &self.ops[op]
+        o.end = self.now
         self.ops_done += 1
-        if self.op_aic[op] > 0 or self.op_aiv[op] > 0:
+        if o.aic > 0 or o.aiv > 0:
             # Give the cores back, then start waiting ops in order while the first one fits.
-            die = self.op_die[op]
-            self.free_aic[die] += self.op_aic[op]
-            self.free_aiv[die] += self.op_aiv[op]
+            die = o.die
+            self.free_aic[die] += o.aic
+            self.free_aiv[die] += o.aiv
             while self.core_qhead[die] >= 0:
                 w = self.core_qhead[die]
-                if self.free_aic[die] < self.op_aic[w] or self.free_aiv[die] < self.op_aiv[w]:
+                if self.free_aic[die] < self.ops[w].aic or self.free_aiv[die] < self.ops[w].aiv:
                     break
                 self.core_qhead[die] = self.op_qnext[w]
                 if self.core_qhead[die] < 0:
                     self.core_qtail[die] = -1
-                self.free_aic[die] -= self.op_aic[w]
-                self.free_aiv[die] -= self.op_aiv[w]
+                self.free_aic[die] -= self.ops[w].aic
+                self.free_aiv[die] -= self.ops[w].aiv
                 self.start_op(w)
-        for s in range(self.succ_ptr[op], self.succ_ptr[op + 1]):
+        for s in range(o.succ_lo, o.succ_lo + o.succ_n):
             nxt = self.succ_idx[s]
-            self.pending_deps[nxt] -= 1
-            if self.pending_deps[nxt] == 0:
+            self.ops[nxt].pending -= 1
+            if self.ops[nxt].pending == 0:
                 self.push(self.now, EV_OP_READY, nxt)
         return 0
 
@@ -1259,6 +1288,24 @@ cdef class Engine:
     @property
     def pending(self):
         return self.queued_events()
+
+    @property
+    def op_start_ps(self):
+        out = np.empty(self.n_ops, dtype=np.int64)
+        cdef int64_t[::1] v = out
+        cdef int64_t i
+        for i in range(self.n_ops):
+            v[i] = self.ops[i].start
+        return out
+
+    @property
+    def op_end_ps(self):
+        out = np.empty(self.n_ops, dtype=np.int64)
+        cdef int64_t[::1] v = out
+        cdef int64_t i
+        for i in range(self.n_ops):
+            v[i] = self.ops[i].end
+        return out
 
     @property
     def credit_bytes(self):
