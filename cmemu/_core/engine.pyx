@@ -22,7 +22,7 @@ destination a write is absorbed (at the sink rate, if the endpoint has one) and 
 the ack's trip back is computed, not simulated, since acks are small and go the other way. A read
 request is answered after the target's memory latency by a response carrying the data on VL1.
 
-Events: ``on_op_ready``, ``on_op_done``, ``on_message_start``, ``on_link_free`` (only when a
+Events: ``on_op_ready``, ``on_op_done``, ``on_link_free`` (only when a
 packet waits for a busy link, or for its issue time at its source), ``on_packet_arrive`` (one per
 packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_ack``, ``on_message_delivered``.
 """
@@ -73,7 +73,7 @@ cdef enum:
 cdef enum:
     EV_OP_READY = 0
     EV_OP_DONE = 1
-    EV_MSG_START = 2
+    EV_MSG_START = 2  # (no longer scheduled: a message's start is a time its packets wait for)
     EV_LINK_FREE = 3
     EV_PKT_ARRIVE = 4
     EV_SINK_DONE = 5
@@ -207,6 +207,7 @@ cdef class Engine:
     cdef const int32_t[::1] msg_send_op
     cdef const int32_t[::1] msg_recv_op
     cdef int64_t[::1] msg_offset
+    cdef int64_t[::1] msg_start
     cdef int32_t[::1] msg_seq
     cdef int32_t[::1] msg_undelivered
     cdef int32_t[::1] msg_unacked
@@ -346,6 +347,7 @@ cdef class Engine:
         self.msg_send_op = L.msg_send_op
         self.msg_recv_op = L.msg_recv_op
         self.msg_offset = np.zeros(n_msgs, dtype=np.int64)
+        self.msg_start = np.zeros(n_msgs, dtype=np.int64)
         self.msg_seq = np.zeros(n_msgs, dtype=np.int32)
         self.msg_npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
         self.msg_packets = np.asarray(self.msg_npkts)
@@ -1036,21 +1038,24 @@ cdef class Engine:
         elif kind == K_SEND:
             msg = o.msg
             if self.msg_kind[msg] == MSG_WRITE:
-                self.push(t + self.ep_startup[self.msg_src[msg]], EV_MSG_START, msg)
+                self.message_start(msg, t + self.ep_startup[self.msg_src[msg]])
             else:
                 self.push(t, EV_OP_DONE, op)  # the holder of read data has nothing to do
         else:  # K_RECV
             msg = o.msg
             if self.msg_kind[msg] != MSG_WRITE:
-                self.push(t + self.ep_startup[self.msg_dst[msg]], EV_MSG_START, msg)
+                self.message_start(msg, t + self.ep_startup[self.msg_dst[msg]])
             if self.msg_delivered[msg] >= 0:
                 self.push(t, EV_OP_DONE, op)
             else:
                 self.recv_waiting[msg] = 1
         return 0
 
-    cdef int on_message_start(self, int32_t msg) except -1:
+    cdef int message_start(self, int32_t msg, int64_t at) except -1:
+        """A message joins its initiator's queue now; its first packet leaves no earlier than
+        ``at`` (after the initiator's start-up): it waits in its port's queue until then."""
         cdef int32_t ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
+        self.msg_start[msg] = at
         self.msg_qnext[msg] = -1
         if self.ep_qtail[ini] < 0:
             self.ep_qhead[ini] = msg
@@ -1094,9 +1099,12 @@ cdef class Engine:
                 if self.ep_qhead[ep] < 0:
                     self.ep_qtail[ep] = -1
             self.ep_outstanding[ep] += 1
-            # Issued one issue time after the previous packet; it waits in its port's queue.
+            # Issued one issue time after the previous packet, and not before its message's
+            # start; it waits in its port's queue until then.
             if self.ep_issue_free[ep] < self.now:
                 self.ep_issue_free[ep] = self.now
+            if self.ep_issue_free[ep] < self.msg_start[m]:
+                self.ep_issue_free[ep] = self.msg_start[m]
             self.pkts[p].ready = self.ep_issue_free[ep]
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             self.leg_ends(p, &s, &d)
@@ -1163,7 +1171,10 @@ cdef class Engine:
             t = self.now + self.ep_write_lat[self.msg_dst[m]]
             self.msg_undelivered[m] -= 1
             if self.msg_undelivered[m] == 0:
-                self.push(t, EV_MSG_DELIVERED, m)
+                if self.msg_recv_op[m] >= 0:
+                    self.push(t, EV_MSG_DELIVERED, m)
+                else:
+                    self.msg_delivered[m] = t  # nobody waits for it: just the record
             self.push(t + self.ack_trip_ps(p), EV_ACK, p)
         elif self.pkts[p].ptype == PKT_READ_REQ:
             # A read reads the target's memory; an atomic reads, modifies and writes it.
@@ -1268,8 +1279,6 @@ cdef class Engine:
                 self.on_op_done(ev.a)
             elif ev.kind == EV_OP_READY:
                 self.on_op_ready(ev.a)
-            elif ev.kind == EV_MSG_START:
-                self.on_message_start(ev.a)
             elif ev.kind == EV_SINK_DONE:
                 self.on_sink_done(ev.a)
             elif ev.kind == EV_FAIL:

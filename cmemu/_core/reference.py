@@ -74,6 +74,7 @@ class Engine:
         self.msg_send_op = L.msg_send_op.tolist()
         self.msg_recv_op = L.msg_recv_op.tolist()
         self.msg_offset = [0] * n_msgs
+        self.msg_start = [0] * n_msgs
         self.msg_seq = [0] * n_msgs
         npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
         self.msg_npkts = npkts.tolist()
@@ -430,20 +431,21 @@ class Engine:
         elif kind == K_SEND:
             msg = self.op_msg[op]
             if self.msg_kind[msg] == MSG_WRITE:
-                self.push(t + self.ep_startup[self.msg_src[msg]], EV_MSG_START, msg)
+                self.message_start(msg, t + self.ep_startup[self.msg_src[msg]])
             else:
                 self.push(t, EV_OP_DONE, op)
         else:
             msg = self.op_msg[op]
             if self.msg_kind[msg] != MSG_WRITE:
-                self.push(t + self.ep_startup[self.msg_dst[msg]], EV_MSG_START, msg)
+                self.message_start(msg, t + self.ep_startup[self.msg_dst[msg]])
             if self.msg_delivered[msg] >= 0:
                 self.push(t, EV_OP_DONE, op)
             else:
                 self.recv_waiting[msg] = True
 
-    def on_message_start(self, msg):
+    def message_start(self, msg, at):
         ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
+        self.msg_start[msg] = at
         self.msg_qnext[msg] = -1
         if self.ep_qtail[ini] < 0:
             self.ep_qhead[ini] = msg
@@ -479,7 +481,7 @@ class Engine:
                 if self.ep_qhead[ep] < 0:
                     self.ep_qtail[ep] = -1
             self.ep_outstanding[ep] += 1
-            self.ep_issue_free[ep] = max(self.ep_issue_free[ep], self.now)
+            self.ep_issue_free[ep] = max(self.ep_issue_free[ep], self.now, self.msg_start[m])
             pk.ready = self.ep_issue_free[ep]
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             s, d = self.leg_ends(p)
@@ -540,7 +542,10 @@ class Engine:
             t = self.now + self.ep_write_lat[self.msg_dst[m]]
             self.msg_undelivered[m] -= 1
             if self.msg_undelivered[m] == 0:
-                self.push(t, EV_MSG_DELIVERED, m)
+                if self.msg_recv_op[m] >= 0:
+                    self.push(t, EV_MSG_DELIVERED, m)
+                else:
+                    self.msg_delivered[m] = t
             self.push(t + self.ack_trip_ps(p), EV_ACK, p)
         elif pk.ptype == PKT_READ_REQ:
             t = self.now + self.ep_read_lat[self.msg_src[m]]
@@ -609,7 +614,7 @@ class Engine:
                 self.push(self.now, EV_OP_READY, nxt)
 
     _HANDLERS = {
-        EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done, EV_MSG_START: on_message_start,
+        EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done,
         EV_LINK_FREE: on_link_free, EV_PKT_ARRIVE: on_packet_arrive, EV_SINK_DONE: on_sink_done,
         EV_RESP_INJECT: on_response_inject, EV_ACK: on_ack, EV_MSG_DELIVERED: on_message_delivered,
         EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit,
