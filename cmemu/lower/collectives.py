@@ -30,6 +30,8 @@ attributes. Writes to one's own die are local copies and take no message.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from cmemu.lower.fabric import MSG_WRITE
@@ -70,6 +72,7 @@ def dispatch_payload_byte(hidden: int) -> int:
     return -(-(hidden + DISPATCH_SCALE_BYTE) // DISPATCH_ALIGN_BYTE) * DISPATCH_ALIGN_BYTE
 
 
+@lru_cache(maxsize=16)
 def moe_routing(tokens: int, top_k: int, experts: int, members: int, skew: float, seed: int) -> np.ndarray:
     """Destination member of every (token, k) pair of every source: int array [members, tokens, top_k].
 
@@ -85,6 +88,7 @@ def moe_routing(tokens: int, top_k: int, experts: int, members: int, skew: float
         chosen = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k] if top_k < experts else \
             np.tile(np.arange(experts), (tokens, 1))
         out[m] = chosen % members
+    out.setflags(write=False)  # shared by every caller with the same arguments (cached)
     return out
 
 
@@ -289,8 +293,12 @@ def _moe(ctx, entries, combine: bool):
             received += np.bincount(dst, minlength=members) * payload
     else:
         # The expert's member writes each pair's output back to the token's source.
+        flat = routing.ravel()
+        by_holder = np.argsort(flat, kind="stable")  # pairs grouped by the member holding them
+        bounds = np.searchsorted(flat[by_holder], np.arange(members + 1))
+        pairs_per_source = tokens * top_k
         for m in range(members):
-            src_of_pair = np.nonzero(routing == m)[0]  # sources of the pairs member m holds
+            src_of_pair = by_holder[bounds[m]:bounds[m + 1]] // pairs_per_source  # in source order
             # Start with the next member's pairs, as for every staggered exchange: in source
             # order every expert would first write to member 0 at once (an incast).
             src_of_pair = src_of_pair[np.argsort((src_of_pair - m) % members, kind="stable")]
