@@ -78,7 +78,8 @@ cdef enum:
     EV_PKT_ARRIVE = 4
     EV_SINK_DONE = 5
     EV_RESP_INJECT = 6
-    EV_ACK = 7
+    EV_ACK = 7  # a message's last ack is back
+    EV_WAKE = 11  # an initiator whose window was full may issue again
     EV_MSG_DELIVERED = 8
     EV_FAIL = 9
     EV_RETRANSMIT = 10
@@ -229,6 +230,14 @@ cdef class Engine:
     cdef int32_t[::1] ep_outstanding
     cdef int64_t[::1] ep_issue_free
     cdef int64_t[::1] ep_sink_free
+    # Per initiator, a min-heap of the times its writes' acks come back: a window slot frees at
+    # each, but nothing needs to happen then unless the window is full (then one wake-up).
+    cdef int64_t** ack_heap
+    cdef int64_t* ack_len
+    cdef int64_t* ack_cap
+    cdef uint8_t[::1] ep_wake_pending
+    cdef int64_t[::1] ep_wake_at
+    cdef int64_t[::1] msg_ack_max
     # Packet format.
     cdef const int64_t[::1] path_mtu
     cdef const int64_t[::1] path_flit
@@ -289,6 +298,9 @@ cdef class Engine:
 
     def __cinit__(self):
         self.ops = NULL
+        self.ack_heap = NULL
+        self.ack_len = NULL
+        self.ack_cap = NULL
         self.heap = NULL
         self.fifo = NULL
         self.wheel = NULL
@@ -371,6 +383,18 @@ cdef class Engine:
         self.ep_outstanding = np.zeros(n_eps, dtype=np.int32)
         self.ep_issue_free = np.zeros(n_eps, dtype=np.int64)
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
+        self.ep_wake_pending = np.zeros(n_eps, dtype=np.uint8)
+        self.ep_wake_at = np.zeros(n_eps, dtype=np.int64)
+        self.msg_ack_max = np.zeros(n_msgs, dtype=np.int64)
+        self.ack_heap = <int64_t**>malloc(max(n_eps, 1) * sizeof(int64_t*))
+        self.ack_len = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
+        self.ack_cap = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
+        if self.ack_heap == NULL or self.ack_len == NULL or self.ack_cap == NULL:
+            raise MemoryError("ack heaps")
+        for i in range(n_eps):
+            self.ack_heap[i] = NULL
+            self.ack_len[i] = 0
+            self.ack_cap[i] = 0
 
         self.path_mtu = F.path_mtu_byte
         self.path_flit = F.path_flit_byte
@@ -476,6 +500,12 @@ cdef class Engine:
 
     def __dealloc__(self):
         cdef int64_t i
+        if self.ack_heap != NULL:
+            for i in range(self.ep_qhead.shape[0]):
+                free(self.ack_heap[i])
+            free(self.ack_heap)
+        free(self.ack_len)
+        free(self.ack_cap)
         free(self.ops)
         free(self.heap)
         free(self.fifo)
@@ -1065,11 +1095,58 @@ cdef class Engine:
         self.inject(ini)
         return 0
 
+    cdef int ack_push(self, int32_t ep, int64_t t) except -1:
+        cdef int64_t* h
+        cdef int64_t i, parent, cap
+        if self.ack_len[ep] == self.ack_cap[ep]:
+            cap = 16 if self.ack_cap[ep] == 0 else 2 * self.ack_cap[ep]
+            h = <int64_t*>realloc(self.ack_heap[ep], cap * sizeof(int64_t))
+            if h == NULL:
+                raise MemoryError("ack heap")
+            self.ack_heap[ep] = h
+            self.ack_cap[ep] = cap
+        h = self.ack_heap[ep]
+        i = self.ack_len[ep]
+        self.ack_len[ep] += 1
+        while i > 0:
+            parent = (i - 1) >> 1
+            if h[parent] <= t:
+                break
+            h[i] = h[parent]
+            i = parent
+        h[i] = t
+        return 0
+
+    cdef void collect_acks(self, int32_t ep) noexcept nogil:
+        """Acks back by now free their window slots."""
+        cdef int64_t* h = self.ack_heap[ep]
+        cdef int64_t n, i, child, last
+        while self.ack_len[ep] > 0 and h[0] <= self.now:
+            self.ep_outstanding[ep] -= 1
+            self.ack_len[ep] -= 1
+            n = self.ack_len[ep]
+            if n == 0:
+                break
+            last = h[n]
+            i = 0
+            while True:
+                child = 2 * i + 1
+                if child >= n:
+                    break
+                if child + 1 < n and h[child + 1] < h[child]:
+                    child += 1
+                if h[child] >= last:
+                    break
+                h[i] = h[child]
+                i = child
+            h[i] = last
+
     cdef int inject(self, int32_t ep) except -1:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
         cdef int32_t m, p, first, s, d
         cdef int64_t payload, idx, tries
         cdef int path, kind
+        self.collect_acks(ep)
         while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
             m = self.ep_qhead[ep]
             path = self.msg_path[m]
@@ -1111,6 +1188,21 @@ cdef class Engine:
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             self.voq_append(first, 0, p)
             self.try_transmit(first)
+        if self.ep_qhead[ep] >= 0 and self.ack_len[ep] > 0:
+            self.wake_at(ep, self.ack_heap[ep][0])  # the window is full: wake when a slot frees
+        return 0
+
+    cdef int wake_at(self, int32_t ep, int64_t t) except -1:
+        if not self.ep_wake_pending[ep] or t < self.ep_wake_at[ep]:
+            self.ep_wake_pending[ep] = 1
+            self.ep_wake_at[ep] = t
+            self.push(t, EV_WAKE, ep)
+        return 0
+
+    cdef int on_wake(self, int32_t ep) except -1:
+        if self.now == self.ep_wake_at[ep]:
+            self.ep_wake_pending[ep] = 0
+        self.inject(ep)
         return 0
 
     cdef int on_link_free(self, int32_t link) except -1:
@@ -1175,7 +1267,19 @@ cdef class Engine:
                     self.push(t, EV_MSG_DELIVERED, m)
                 else:
                     self.msg_delivered[m] = t  # nobody waits for it: just the record
-            self.push(t + self.ack_trip_ps(p), EV_ACK, p)
+            # The ack's return is computed: its slot frees then (see collect_acks); the message
+            # is acknowledged when its last ack is back.
+            t += self.ack_trip_ps(p)
+            self.ack_push(self.msg_src[m], t)
+            s = self.msg_src[m]
+            if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
+                self.wake_at(s, t)  # its initiator waits for a window slot
+            if t > self.msg_ack_max[m]:
+                self.msg_ack_max[m] = t
+            self.packet_release(p)
+            self.msg_unacked[m] -= 1
+            if self.msg_unacked[m] == 0:
+                self.push(self.msg_ack_max[m], EV_ACK, m)
         elif self.pkts[p].ptype == PKT_READ_REQ:
             # A read reads the target's memory; an atomic reads, modifies and writes it.
             t = self.now + self.ep_read_lat[self.msg_src[m]]
@@ -1209,15 +1313,11 @@ cdef class Engine:
         self.try_transmit(first)
         return 0
 
-    cdef int on_ack(self, int32_t p) except -1:
-        cdef int32_t m = self.pkts[p].msg
-        cdef int32_t src = self.msg_src[m]
-        self.ep_outstanding[src] -= 1
-        self.packet_release(p)
-        self.msg_unacked[m] -= 1
-        if self.msg_unacked[m] == 0 and self.msg_send_op[m] >= 0:
+    cdef int on_ack(self, int32_t m) except -1:
+        """A write message's last ack is back: its send op ends."""
+        if self.msg_send_op[m] >= 0:
             self.push(self.now, EV_OP_DONE, self.msg_send_op[m])
-        self.inject(src)
+        self.inject(self.msg_src[m])
         return 0
 
     cdef int on_message_delivered(self, int32_t m) except -1:
@@ -1281,6 +1381,8 @@ cdef class Engine:
                 self.on_op_ready(ev.a)
             elif ev.kind == EV_SINK_DONE:
                 self.on_sink_done(ev.a)
+            elif ev.kind == EV_WAKE:
+                self.on_wake(ev.a)
             elif ev.kind == EV_FAIL:
                 self.on_fail(ev.a)
             elif ev.kind == EV_RETRANSMIT:

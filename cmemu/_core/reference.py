@@ -29,7 +29,7 @@ from cmemu.lower.fabric import (
 
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
 (EV_OP_READY, EV_OP_DONE, EV_MSG_START, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE, EV_RESP_INJECT, EV_ACK,
- EV_MSG_DELIVERED, EV_FAIL, EV_RETRANSMIT) = range(11)
+ EV_MSG_DELIVERED, EV_FAIL, EV_RETRANSMIT, EV_WAKE) = range(12)
 PS_PER_S = 10**12
 
 
@@ -97,6 +97,10 @@ class Engine:
         self.ep_outstanding = [0] * n_eps
         self.ep_issue_free = [0] * n_eps
         self.ep_sink_free = [0] * n_eps
+        self.ack_heap = [[] for _ in range(n_eps)]
+        self.ep_wake_pending = [False] * n_eps
+        self.ep_wake_at = [0] * n_eps
+        self.msg_ack_max = [0] * n_msgs
 
         self.path_mtu = F.path_mtu_byte.tolist()
         self.path_flit = F.path_flit_byte.tolist()
@@ -454,7 +458,14 @@ class Engine:
         self.ep_qtail[ini] = msg
         self.inject(ini)
 
+    def collect_acks(self, ep):
+        h = self.ack_heap[ep]
+        while h and h[0] <= self.now:
+            heapq.heappop(h)
+            self.ep_outstanding[ep] -= 1
+
     def inject(self, ep):
+        self.collect_acks(ep)
         while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
             m = self.ep_qhead[ep]
             path = self.msg_path[m]
@@ -488,6 +499,19 @@ class Engine:
             first = self.route_link(path, s, d, pk.plane, pk.uplink, 0)
             self.voq_append(first, 0, p)
             self.try_transmit(first)
+        if self.ep_qhead[ep] >= 0 and self.ack_heap[ep]:
+            self.wake_at(ep, self.ack_heap[ep][0])
+
+    def wake_at(self, ep, t):
+        if not self.ep_wake_pending[ep] or t < self.ep_wake_at[ep]:
+            self.ep_wake_pending[ep] = True
+            self.ep_wake_at[ep] = t
+            self.push(t, EV_WAKE, ep)
+
+    def on_wake(self, ep):
+        if self.now == self.ep_wake_at[ep]:
+            self.ep_wake_pending[ep] = False
+        self.inject(ep)
 
     def on_link_free(self, link):
         self.free_pending[link] = False
@@ -546,7 +570,16 @@ class Engine:
                     self.push(t, EV_MSG_DELIVERED, m)
                 else:
                     self.msg_delivered[m] = t
-            self.push(t + self.ack_trip_ps(p), EV_ACK, p)
+            t += self.ack_trip_ps(p)
+            src = self.msg_src[m]
+            heapq.heappush(self.ack_heap[src], t)
+            if self.ep_qhead[src] >= 0 and self.ep_outstanding[src] >= self.ep_max_out[src]:
+                self.wake_at(src, t)
+            self.msg_ack_max[m] = max(self.msg_ack_max[m], t)
+            self.packet_release(p)
+            self.msg_unacked[m] -= 1
+            if self.msg_unacked[m] == 0:
+                self.push(self.msg_ack_max[m], EV_ACK, m)
         elif pk.ptype == PKT_READ_REQ:
             t = self.now + self.ep_read_lat[self.msg_src[m]]
             if self.msg_kind[m] == MSG_ATOMIC:
@@ -578,15 +611,10 @@ class Engine:
         self.voq_append(first, 0, p)
         self.try_transmit(first)
 
-    def on_ack(self, p):
-        m = self.pkts[p].msg
-        src = self.msg_src[m]
-        self.ep_outstanding[src] -= 1
-        self.packet_release(p)
-        self.msg_unacked[m] -= 1
-        if self.msg_unacked[m] == 0 and self.msg_send_op[m] >= 0:
+    def on_ack(self, m):
+        if self.msg_send_op[m] >= 0:
             self.push(self.now, EV_OP_DONE, self.msg_send_op[m])
-        self.inject(src)
+        self.inject(self.msg_src[m])
 
     def on_message_delivered(self, m):
         self.msg_delivered[m] = self.now
@@ -617,7 +645,7 @@ class Engine:
         EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done,
         EV_LINK_FREE: on_link_free, EV_PKT_ARRIVE: on_packet_arrive, EV_SINK_DONE: on_sink_done,
         EV_RESP_INJECT: on_response_inject, EV_ACK: on_ack, EV_MSG_DELIVERED: on_message_delivered,
-        EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit,
+        EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit, EV_WAKE: on_wake,
     }
 
     def run(self, max_events=-1):
