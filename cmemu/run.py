@@ -495,10 +495,19 @@ def trace_result(full: RunResult) -> RunResult:
     view, keep = L.trace_view()
     tasks = full.tasks
     inner = np.flatnonzero(L.op_lane[nt:] >= 0) + nt
-    if inner.size:
-        tasks = {"die": L.op_rank[inner].astype(np.int32), "pipe": L.op_lane[inner].astype(np.uint8),
-                 "op": L.op_parent[inner].astype(np.int32), "start_ps": full.op_start_ps[inner],
-                 "end_ps": full.op_end_ps[inner], "bytes": L.op_bytes[inner]}
+    parts = []
+    if inner.size:  # the internal steps of collectives, on SDMA / AIV-Direct / VECTOR
+        parts.append({"die": L.op_rank[inner].astype(np.int32), "pipe": L.op_lane[inner].astype(np.uint8),
+                      "op": L.op_parent[inner].astype(np.int32), "start_ps": full.op_start_ps[inner],
+                      "end_ps": full.op_end_ps[inner], "bytes": L.op_bytes[inner]})
+    if L.pipe_task_op.size:  # the die model's pipe occupancy of each COMP op, from its start
+        op = L.pipe_task_op
+        begin = full.op_start_ps[op]
+        parts.append({"die": L.op_rank[op].astype(np.int32), "pipe": L.pipe_task_pipe, "op": op.astype(np.int32),
+                      "start_ps": begin, "end_ps": np.minimum(begin + L.pipe_task_busy_ps, full.op_end_ps[op]),
+                      "bytes": np.zeros(op.size, dtype=np.int64)})
+    if parts:
+        tasks = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return dataclasses.replace(
         full, lowered=view, op_start_ps=start[:nt], op_end_ps=full.op_end_ps[:nt], tasks=tasks,
         msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],

@@ -6,7 +6,7 @@ reach the engine. The mechanisms live in ``compute`` (COMP), ``memory`` (MEM_*),
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -69,6 +69,11 @@ class Lowered:
     op_lane: np.ndarray  # int8 [ops]: pipe/engine of an internal op (output.schema.PIPE_NAMES), else -1
     op_report_start: np.ndarray  # int32 [ops]: op whose start is this trace op's start, else -1
     num_trace_ops: int
+    # The die model's pipe occupancy of each COMP op: one row per (op, pipe) the op used, with the
+    # pipe's busy time per core (cmemu.output.schema.PIPE_CODE); recorded as /tasks summaries.
+    pipe_task_op: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    pipe_task_pipe: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+    pipe_task_busy_ps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def num_ops(self) -> int:
@@ -160,6 +165,7 @@ def lower(trace, topo: Topology) -> Lowered:
     hbm = np.zeros(n, dtype=np.int64)
     node_id = np.empty(n, dtype=np.int64)
     names = []
+    pipe_rows = []
     mem_latency = (hbm_latency_ps(die, store=False), hbm_latency_ps(die, store=True))
     for i, node in enumerate(nodes):
         kind[i] = _KIND_OF_TYPE[node.type]
@@ -174,6 +180,8 @@ def lower(trace, topo: Topology) -> Lowered:
             aic[i], aiv[i] = comp_cores(node, die)
             cost = comp_cost(node, die, trace.path)
             hbm[i] = cost.hbm_byte if cost is not None else 0
+            if cost is not None:
+                _pipe_tasks(i, cost, die, pipe_rows)
         elif kind[i] == OP_KIND_MEM:
             hbm[i] = nbytes[i]
             dur[i] = hbm_service_ps(nbytes[i], die, store=node.type == "MEM_STORE")
@@ -212,7 +220,25 @@ def lower(trace, topo: Topology) -> Lowered:
             dst_list.append(to)
     b.edges(src_list, dst_list)
     dies = topo.num_dies
-    return b.build(dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores), num_trace_ops=n)
+    lowered = b.build(dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores), num_trace_ops=n)
+    if pipe_rows:
+        rows = np.asarray(pipe_rows, dtype=np.int64)
+        lowered.pipe_task_op = rows[:, 0].astype(np.int32)
+        lowered.pipe_task_pipe = rows[:, 1].astype(np.uint8)
+        lowered.pipe_task_busy_ps = rows[:, 2]
+    return lowered
+
+
+def _pipe_tasks(op: int, cost, die, rows: list) -> None:
+    """(op, pipe, busy ps per core) for each pipe the die model kept busy in the op."""
+    from cmemu.output.schema import PIPE_CODE
+
+    cycle_ps = 1e6 / die.ai_core_clock_mhz
+    for key, cycles in cost.pipe_busy_cycles.items():
+        unit, pipe = key.split(".")
+        cores = cost.aic_cores if unit == "AIC" else cost.aiv_cores
+        if cycles > 0 and cores > 0 and pipe in PIPE_CODE:
+            rows.append((op, PIPE_CODE[pipe], round(cycles / cores * cycle_ps)))
 
 
 def lowered_from_parts(kind, dur, succ_src, succ_dst, messages: MessageTable | None, op_msg=None, rank=None) -> Lowered:
