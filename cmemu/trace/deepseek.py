@@ -49,6 +49,23 @@ V_HEAD = 128
 VOCAB = 129280
 
 
+def _check_step(cfg, dies: int) -> None:
+    """What a decode and a prefill step share: EP degree, micro-batches, layers, engine."""
+    if not 2 <= cfg.ep <= dies:
+        raise CmemuError(f"--ep {cfg.ep}: must be between 2 and the system's {dies} dies")
+    if cfg.micro_batches not in (1, 2):
+        raise CmemuError(f"--micro-batches must be 1 or 2, got {cfg.micro_batches}")
+    if not 1 <= cfg.layers <= LAYERS:
+        raise CmemuError(f"--layers must be between 1 and {LAYERS}, got {cfg.layers}")
+    if cfg.dispatch_engine not in ("aiv", "sdma"):
+        raise CmemuError(f"--dispatch-engine must be aiv or sdma, got {cfg.dispatch_engine}")
+
+
+def _dense_layers(layers: int) -> int:
+    """The first three layers are dense; a cut-down trace keeps at least one MoE layer."""
+    return min(DENSE_LAYERS, layers - 1) if layers > 1 else 0
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     ep: int = 320
@@ -64,22 +81,15 @@ class DecodeConfig:
     seed: int = 0
 
     def check(self, dies: int) -> None:
-        if not 2 <= self.ep <= dies:
-            raise CmemuError(f"--ep {self.ep}: must be between 2 and the system's {dies} dies")
-        if self.micro_batches not in (1, 2):
-            raise CmemuError(f"--micro-batches must be 1 or 2, got {self.micro_batches}")
+        _check_step(self, dies)
         if self.tokens_per_die < self.micro_batches:
             raise CmemuError("--tokens-per-die must be at least the number of micro-batches")
-        if not 1 <= self.layers <= LAYERS:
-            raise CmemuError(f"--layers must be between 1 and {LAYERS}, got {self.layers}")
         if not 0.0 <= self.mtp_acceptance <= 1.0:
             raise CmemuError(f"--mtp-acceptance must be between 0 and 1, got {self.mtp_acceptance}")
-        if self.dispatch_engine not in ("aiv", "sdma"):
-            raise CmemuError(f"--dispatch-engine must be aiv or sdma, got {self.dispatch_engine}")
 
     @property
     def dense_layers(self) -> int:
-        return min(DENSE_LAYERS, self.layers - 1) if self.layers > 1 else 0
+        return _dense_layers(self.layers)
 
     @property
     def tokens_per_step(self) -> int:
@@ -220,16 +230,9 @@ class PrefillConfig:
     seed: int = 0
 
     def check(self, dies: int) -> None:
-        if not 2 <= self.ep <= dies:
-            raise CmemuError(f"--ep {self.ep}: must be between 2 and the system's {dies} dies")
-        if self.micro_batches not in (1, 2):
-            raise CmemuError(f"--micro-batches must be 1 or 2, got {self.micro_batches}")
-        if not 1 <= self.layers <= LAYERS:
-            raise CmemuError(f"--layers must be between 1 and {LAYERS}, got {self.layers}")
+        _check_step(self, dies)
         if not 0.0 <= self.reuse <= 1.0:
             raise CmemuError(f"--reuse must be between 0 and 1, got {self.reuse}")
-        if self.dispatch_engine not in ("aiv", "sdma"):
-            raise CmemuError(f"--dispatch-engine must be aiv or sdma, got {self.dispatch_engine}")
         if self.prompt_len < 1:
             raise CmemuError(f"--prompt-len must be at least 1, got {self.prompt_len}")
         if not (2 <= self.attn_tp <= self.ep and self.ep % self.attn_tp == 0 and HEADS % self.attn_tp == 0):
@@ -243,7 +246,7 @@ class PrefillConfig:
 
     @property
     def dense_layers(self) -> int:
-        return min(DENSE_LAYERS, self.layers - 1) if self.layers > 1 else 0
+        return _dense_layers(self.layers)
 
     @property
     def tp_groups(self) -> int:
