@@ -37,6 +37,7 @@ BASELINE_BYTES = 256 * 2**20  # the interpreter, numpy, Numba, h5py, the largest
 PARSE_BYTES_PER_FILE_BYTE = 16
 NODE_BYTES = 640
 OP_BYTES = 400  # lowered per-op arrays, engine state, timeline rows and the op's name
+COMP_BYTES = 400  # a COMP the die model times: its pipe-occupancy rows (up to 7), lowering to /tasks
 EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
 MESSAGE_BYTES = 800  # lowered and engine per-message arrays, the lists they are built from
 LINK_BYTES = 200  # topology, fabric and engine per-link arrays, VOQ heads and tails
@@ -127,24 +128,46 @@ def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimat
     The binned link counters grow with the traffic and the simulated time: a few bytes per
     packet stand for them.
     """
+    from cmemu.lower.collectives import UB_CHUNK_BYTE
+
     spec = topo.spec
     ops = len(trace.nodes)
-    edges = messages = packets = 0
-    mtu = {"ub": spec.ub.transport_mtu_byte, "rdma": spec.rdma.mtu_byte}
+    edges = messages = packets = comps = 0
+    mtu = {"ub": spec.ub.transport_mtu_byte, "rdma": spec.rdma.mtu_byte, "vpc": spec.vpc.mtu_byte}
+    groups = trace.header.get("groups", {})
     for node in trace.nodes:
         edges += len(node.data_deps) + len(node.ctrl_deps) + 1
         if node.type == "COMM_SEND":
             messages += 1
             size = node.attrs["comm_size"]
             packets += max(1, -(-size // mtu[node.attrs.get("cmemu.plane", "ub")]))
+        elif node.type == "COMP":
+            comps += 1
+        elif node.type == "COMM_COLL":
+            # A member's internal ops and messages (cmemu/lower/collectives.py): per (token,
+            # expert) pair a load share and a write for MoE, per destination its pieces otherwise,
+            # and a flag to and from every other member.
+            a = node.attrs
+            g = len(groups.get(a["cmemu.group"], ())) or 2
+            if "cmemu.tokens" in a:
+                writes = a["cmemu.tokens"] * a["cmemu.top_k"]
+                size = a.get("cmemu.payload_bytes", 2 * a["cmemu.hidden"])
+            else:
+                pieces = max(1, -(-a.get("comm_size", 0) // UB_CHUNK_BYTE))
+                writes = 2 * g * pieces
+                size = min(a.get("comm_size", 0), UB_CHUNK_BYTE)
+            ops += 2 * writes + 4 * g
+            edges += 3 * writes + 4 * g
+            messages += writes + g
+            packets += writes * max(1, -(-size // spec.ub.transport_mtu_byte)) + g
     live = min(packets, topo.num_endpoints * spec.ub.max_outstanding_packets)
-    arrays = (ops * OP_BYTES + edges * EDGE_BYTES + messages * MESSAGE_BYTES
+    arrays = (ops * OP_BYTES + comps * COMP_BYTES + edges * EDGE_BYTES + messages * MESSAGE_BYTES
               + topo.num_links * LINK_BYTES + 2 * live * PACKET_BYTES + packets * TRAFFIC_BYTES)
     queue = 2 * (ops + messages + live + topo.num_links + topo.num_endpoints) * EVENT_BYTES
     if not native:
         arrays *= REFERENCE_FACTOR
         queue *= REFERENCE_FACTOR
-    return MemoryEstimate(ops * NODE_BYTES, arrays, queue, ops, messages, packets, live)
+    return MemoryEstimate(len(trace.nodes) * NODE_BYTES, arrays, queue, ops, messages, packets, live)
 
 
 def check_clock_range(lowered: Lowered, fabric) -> None:
