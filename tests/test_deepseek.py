@@ -82,7 +82,7 @@ def test_throughput_and_mtp_accounting(tmp_path):
     # Each request decodes 1 + 0.7 tokens per step; 16 tokens per die = 8 requests (with MTP).
     assert m["tpot_ms"] == pytest.approx(step_s * 1e3 / 1.7, rel=1e-3)
     assert m["tokens_per_s_per_npu"] == pytest.approx(2 * 8 * 1.7 / step_s, rel=1e-3)
-    assert per_class["attention"] > 0 and per_class["dispatch"] > 0
+    assert per_class["attention_us"] > 0 and per_class["dispatch_us"] > 0
 
 
 def test_bad_config():

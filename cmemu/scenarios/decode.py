@@ -88,7 +88,7 @@ def decode_metrics(cfg: DecodeConfig, result) -> dict:
     for cls, _ in CLASSES:
         m = classes == cls
         if m.any():
-            per_class[cls] = round(float((end[m] - start[m]).sum()) / dies / 1e6, 2)
+            per_class[f"{cls}_us"] = round(float((end[m] - start[m]).sum()) / dies / 1e6, 2)
     # Steady-state layer time: successive MoE layers' combine ends on die 0, last micro-batch.
     mb_last = cfg.micro_batches - 1
     ends = [int(end[i]) for i, n in enumerate(names)

@@ -65,7 +65,7 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
     for cls, _ in CLASSES:
         m = classes == cls
         if m.any():
-            per_class[cls] = round(float((end[m] - start[m]).sum()) / cfg.ep / 1e6, 2)
+            per_class[f"{cls}_us"] = round(float((end[m] - start[m]).sum()) / cfg.ep / 1e6, 2)
     times = layer_times_ps(cfg, result)
     dense_ps = times[cfg.dense_layers - 1] if cfg.dense_layers else None
     moe_ps = times[-1] if cfg.layers > cfg.dense_layers else None
