@@ -113,6 +113,29 @@ cdef extern from "<stdlib.h>":
     int posix_memalign(void** memptr, size_t alignment, size_t size) nogil
 
 
+cdef struct LinkInfo:
+    # The first 64 bytes are what every transmission and arrival touches.
+    int64_t busy_until
+    int64_t rate
+    int64_t lat
+    int64_t voq_base
+    int64_t mask_base
+    int32_t queued
+    int32_t rr
+    int32_t in_slot
+    int32_t voq_slots
+    uint8_t free_pending
+    uint8_t alive
+    uint8_t pad0[6]
+    # Counters.
+    int64_t bytes
+    int64_t busy
+    int64_t cur_bin
+    int64_t cur_bytes
+    int64_t cur_busy
+    int64_t pad1[3]
+
+
 cdef struct Packet:
     int64_t ready     # not before this time may it leave its source (the initiator's issue rate)
     int32_t msg
@@ -243,10 +266,6 @@ cdef class Engine:
     cdef const int64_t[::1] path_flit
     cdef const int64_t[::1] path_header
     # Links.
-    cdef const int64_t[::1] link_rate
-    cdef const int64_t[::1] link_lat
-    cdef const int32_t[::1] link_in_slot
-    cdef uint8_t[::1] link_alive
     # Failures during the run: at fail_time[k], links fail_links[fail_ptr[k]:fail_ptr[k+1]] and
     # die fail_die[k] (or none, -1) go down; lost packets are sent again after rto_ps.
     cdef const int64_t[::1] fail_time
@@ -256,20 +275,12 @@ cdef class Engine:
     cdef uint8_t[::1] die_failed
     cdef int64_t rto_ps
     cdef readonly int64_t packets_lost
-    cdef const int64_t[::1] voq_base
-    cdef const int32_t[::1] voq_slots
     cdef int64_t[::1] credits
-    cdef int64_t[::1] busy_until
-    cdef uint8_t[::1] free_pending
-    cdef int32_t[::1] queued
-    cdef int32_t[::1] rr
     cdef int32_t[::1] voq_head
     cdef int32_t[::1] voq_tail
     cdef uint64_t[::1] voq_mask   # per link, one bit per VOQ that holds packets
-    cdef int64_t[::1] mask_base
-    cdef readonly cnp.ndarray link_bytes, link_busy_ps
-    cdef int64_t[::1] lbytes
-    cdef int64_t[::1] lbusy
+    cdef LinkInfo* lk  # per link, what a transmission reads and writes
+    cdef int64_t n_links
     # Routing tables.
     cdef const int32_t[::1] t_ep_up
     cdef const int32_t[::1] t_ep_down
@@ -290,13 +301,11 @@ cdef class Engine:
     cdef int32_t pkt_cap, pkt_free
     # Binned link counters (sparse: one row per link and bin with traffic).
     cdef int64_t bin_ps
-    cdef int64_t[::1] cur_bin
-    cdef int64_t[::1] cur_bytes
-    cdef int64_t[::1] cur_busy
     cdef int64_t* series
     cdef int64_t series_len, series_cap
 
     def __cinit__(self):
+        self.lk = NULL
         self.ops = NULL
         self.ack_heap = NULL
         self.ack_len = NULL
@@ -401,10 +410,7 @@ cdef class Engine:
         self.path_header = F.path_header_byte
 
         n_links = F.link_rate_byte_per_s.shape[0]
-        self.link_rate = F.link_rate_byte_per_s
-        self.link_lat = F.link_latency_ps
-        self.link_in_slot = F.link_in_slot
-        self.link_alive = F.link_alive.copy()
+        self.n_links = n_links
         self.fail_time = F.fail_time_ps
         self.fail_ptr = F.fail_ptr
         self.fail_links = F.fail_links
@@ -412,22 +418,40 @@ cdef class Engine:
         self.die_failed = np.zeros(F.d2d.shape[0], dtype=np.uint8)
         self.rto_ps = F.retransmit_timeout_ps
         self.packets_lost = 0
-        self.voq_base = F.link_voq_base
-        self.voq_slots = F.link_voq_slots
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).astype(np.int64)
-        self.busy_until = np.zeros(n_links, dtype=np.int64)
-        self.free_pending = np.zeros(n_links, dtype=np.uint8)
-        self.queued = np.zeros(n_links, dtype=np.int32)
-        self.rr = np.zeros(n_links, dtype=np.int32)
         self.voq_head = np.full(F.num_voqs, -1, dtype=np.int32)
         self.voq_tail = np.full(F.num_voqs, -1, dtype=np.int32)
         words = (np.asarray(F.link_voq_slots, dtype=np.int64) * NUM_VLS + 63) // 64
-        self.mask_base = (np.cumsum(words) - words).astype(np.int64)
+        mask_base = (np.cumsum(words) - words).astype(np.int64)
         self.voq_mask = np.zeros(int(words.sum()), dtype=np.uint64)
-        self.link_bytes = np.zeros(n_links, dtype=np.int64)
-        self.link_busy_ps = np.zeros(n_links, dtype=np.int64)
-        self.lbytes = self.link_bytes
-        self.lbusy = self.link_busy_ps
+        cdef void* lmem = NULL
+        if posix_memalign(&lmem, 64, max(n_links, 1) * sizeof(LinkInfo)) != 0:
+            raise MemoryError("link table")
+        self.lk = <LinkInfo*>lmem
+        cdef const int64_t[::1] rate = F.link_rate_byte_per_s
+        cdef const int64_t[::1] lat = F.link_latency_ps
+        cdef const int32_t[::1] in_slot = F.link_in_slot
+        cdef const int64_t[::1] vbase = F.link_voq_base
+        cdef const int32_t[::1] vslots = F.link_voq_slots
+        cdef const int64_t[::1] mbase = mask_base
+        cdef const uint8_t[::1] alive = F.link_alive
+        for i in range(n_links):
+            self.lk[i].busy_until = 0
+            self.lk[i].rate = rate[i]
+            self.lk[i].lat = lat[i]
+            self.lk[i].voq_base = vbase[i]
+            self.lk[i].mask_base = mbase[i]
+            self.lk[i].queued = 0
+            self.lk[i].rr = 0
+            self.lk[i].in_slot = in_slot[i]
+            self.lk[i].voq_slots = vslots[i]
+            self.lk[i].free_pending = 0
+            self.lk[i].alive = alive[i]
+            self.lk[i].bytes = 0
+            self.lk[i].busy = 0
+            self.lk[i].cur_bin = -1
+            self.lk[i].cur_bytes = 0
+            self.lk[i].cur_busy = 0
 
         self.t_ep_up = F.ep_up
         self.t_ep_down = F.ep_down
@@ -450,9 +474,6 @@ cdef class Engine:
         self.lb = F.load_balancing
 
         self.bin_ps = bin_ps
-        self.cur_bin = np.full(n_links, -1, dtype=np.int64)
-        self.cur_bytes = np.zeros(n_links, dtype=np.int64)
-        self.cur_busy = np.zeros(n_links, dtype=np.int64)
         self.series_len = 0
         self.series_cap = 1024
         self.series = <int64_t*>malloc(self.series_cap * 4 * sizeof(int64_t))
@@ -507,6 +528,7 @@ cdef class Engine:
         free(self.ack_len)
         free(self.ack_cap)
         free(self.ops)
+        free(self.lk)
         free(self.heap)
         free(self.fifo)
         if self.wheel != NULL:
@@ -813,13 +835,13 @@ cdef class Engine:
         cdef int64_t i, q, base, n
         cdef int32_t link, p, prev
         for i in range(self.fail_ptr[k], self.fail_ptr[k + 1]):
-            self.link_alive[self.fail_links[i]] = 0
+            self.lk[self.fail_links[i]].alive = 0
         if self.fail_die[k] >= 0:
             self.die_failed[self.fail_die[k]] = 1
         for i in range(self.fail_ptr[k], self.fail_ptr[k + 1]):
             link = self.fail_links[i]
-            base = self.voq_base[link]
-            n = self.voq_slots[link] * NUM_VLS
+            base = self.lk[link].voq_base
+            n = self.lk[link].voq_slots * NUM_VLS
             for q in range(base, base + n):
                 while self.voq_head[q] >= 0:
                     p = self.voq_head[q]
@@ -831,9 +853,9 @@ cdef class Engine:
                         self.try_transmit(prev)
                     self.lose(p)
                 self.voq_tail[q] = -1
-            self.queued[link] = 0
+            self.lk[link].queued = 0
             for q in range((n + 63) >> 6):
-                self.voq_mask[self.mask_base[link] + q] = 0
+                self.voq_mask[self.lk[link].mask_base + q] = 0
         return 0
 
     cdef int on_retransmit(self, int32_t p) except -1:
@@ -865,7 +887,7 @@ cdef class Engine:
                 link = self.route_link(path, s, d, plane, uplink, hop)
                 if link < 0:
                     break
-                if not self.link_alive[link]:
+                if not self.lk[link].alive:
                     return False
                 hop += 1
         return True
@@ -882,21 +904,21 @@ cdef class Engine:
 
     cdef inline void voq_append(self, int32_t link, int32_t slot, int32_t p) noexcept nogil:
         cdef int64_t pos = slot * NUM_VLS + self.pkts[p].vl
-        cdef int64_t q = self.voq_base[link] + pos
+        cdef int64_t q = self.lk[link].voq_base + pos
         self.pkts[p].next = -1
         self.pkts[p].link = link
         if self.voq_tail[q] < 0:
             self.voq_head[q] = p
-            self.voq_mask[self.mask_base[link] + (pos >> 6)] |= (<uint64_t>1) << (pos & 63)
+            self.voq_mask[self.lk[link].mask_base + (pos >> 6)] |= (<uint64_t>1) << (pos & 63)
         else:
             self.pkts[self.voq_tail[q]].next = p
         self.voq_tail[q] = p
-        self.queued[link] += 1
+        self.lk[link].queued += 1
 
     # -- counters --------------------------------------------------------------------------
     cdef int series_flush(self, int32_t link) except -1:
         cdef int64_t* grown
-        if self.cur_bin[link] < 0:
+        if self.lk[link].cur_bin < 0:
             return 0
         if self.series_len == self.series_cap:
             grown = <int64_t*>realloc(self.series, 2 * self.series_cap * 4 * sizeof(int64_t))
@@ -905,16 +927,16 @@ cdef class Engine:
             self.series = grown
             self.series_cap *= 2
         self.series[4 * self.series_len] = link
-        self.series[4 * self.series_len + 1] = self.cur_bin[link]
-        self.series[4 * self.series_len + 2] = self.cur_bytes[link]
-        self.series[4 * self.series_len + 3] = self.cur_busy[link]
+        self.series[4 * self.series_len + 1] = self.lk[link].cur_bin
+        self.series[4 * self.series_len + 2] = self.lk[link].cur_bytes
+        self.series[4 * self.series_len + 3] = self.lk[link].cur_busy
         self.series_len += 1
         return 0
 
     cdef int count_transmission(self, int32_t link, int64_t start, int64_t ser, int64_t nbytes) except -1:
         cdef int64_t t = start, end = start + ser, b, seg_end
-        self.lbytes[link] += nbytes
-        self.lbusy[link] += ser
+        self.lk[link].bytes += nbytes
+        self.lk[link].busy += ser
         if self.bin_ps <= 0:
             return 0
         while True:
@@ -922,13 +944,13 @@ cdef class Engine:
             seg_end = (b + 1) * self.bin_ps
             if seg_end > end:
                 seg_end = end
-            if self.cur_bin[link] != b:
+            if self.lk[link].cur_bin != b:
                 self.series_flush(link)
-                self.cur_bin[link] = b
-                self.cur_bytes[link] = 0
-                self.cur_busy[link] = 0
-            self.cur_bytes[link] += nbytes
-            self.cur_busy[link] += seg_end - t
+                self.lk[link].cur_bin = b
+                self.lk[link].cur_bytes = 0
+                self.lk[link].cur_busy = 0
+            self.lk[link].cur_bytes += nbytes
+            self.lk[link].cur_busy += seg_end - t
             nbytes = 0  # bytes count in the bin where the packet starts
             t = seg_end
             if t >= end:
@@ -938,9 +960,9 @@ cdef class Engine:
     def link_series(self):
         """Binned link counters as COO arrays: link, bin, bytes, busy_ps (flushes the bins)."""
         cdef int64_t link
-        for link in range(self.cur_bin.shape[0]):
+        for link in range(self.n_links):
             self.series_flush(<int32_t>link)
-            self.cur_bin[link] = -1
+            self.lk[link].cur_bin = -1
         out = np.empty((self.series_len, 4), dtype=np.int64)
         cdef int64_t[:, ::1] o = out
         cdef int64_t i, j
@@ -955,7 +977,7 @@ cdef class Engine:
     # -- link arbitration ------------------------------------------------------------------
     cdef inline int64_t next_voq(self, int32_t link, int64_t start, int64_t n) noexcept nogil:
         """The first non-empty VOQ of the link at or after position start, wrapping; -1 if none."""
-        cdef int64_t base = self.mask_base[link], words = (n + 63) >> 6, w, i
+        cdef int64_t base = self.lk[link].mask_base, words = (n + 63) >> 6, w, i
         cdef uint64_t bits
         w = start >> 6
         bits = self.voq_mask[base + w] & (~(<uint64_t>0) << (start & 63))
@@ -973,23 +995,23 @@ cdef class Engine:
         head packet fits in the receiver's credits."""
         cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1
         cdef int32_t p = -1, prev, vl
-        if self.queued[link] == 0 or not self.link_alive[link]:
+        if self.lk[link].queued == 0 or not self.lk[link].alive:
             return 0
-        if self.busy_until[link] > self.now:
-            if not self.free_pending[link]:
-                self.free_pending[link] = 1
-                self.push(self.busy_until[link], EV_LINK_FREE, link)
+        if self.lk[link].busy_until > self.now:
+            if not self.lk[link].free_pending:
+                self.lk[link].free_pending = 1
+                self.push(self.lk[link].busy_until, EV_LINK_FREE, link)
             return 0
-        base = self.voq_base[link]
-        n = self.voq_slots[link] * NUM_VLS
+        base = self.lk[link].voq_base
+        n = self.lk[link].voq_slots * NUM_VLS
         # Round robin from rr over the non-empty VOQs (set bits of the link's mask), taking the
         # first whose head packet fits the receiver's credits.
         scanned = 0
         while scanned < n:
-            pos = self.next_voq(link, (self.rr[link] + scanned) % n, n)
+            pos = self.next_voq(link, (self.lk[link].rr + scanned) % n, n)
             if pos < 0:
                 break
-            k = (pos - self.rr[link] + n) % n  # distance from rr in round-robin order
+            k = (pos - self.lk[link].rr + n) % n  # distance from rr in round-robin order
             if k < scanned:
                 break  # wrapped all the way round
             q = base + pos
@@ -1004,28 +1026,28 @@ cdef class Engine:
         if p < 0:
             # Every head waits: for credits (a credit return will call again), or for its issue
             # time (wake up then).
-            if wake >= 0 and not self.free_pending[link]:
-                self.free_pending[link] = 1
+            if wake >= 0 and not self.lk[link].free_pending:
+                self.lk[link].free_pending = 1
                 self.push(wake, EV_LINK_FREE, link)
             return 0
         self.voq_head[q] = self.pkts[p].next
         if self.voq_head[q] < 0:
             self.voq_tail[q] = -1
-            self.voq_mask[self.mask_base[link] + (pos >> 6)] &= ~((<uint64_t>1) << (pos & 63))
-        self.queued[link] -= 1
-        self.rr[link] = <int32_t>((pos + 1) % n)
+            self.voq_mask[self.lk[link].mask_base + (pos >> 6)] &= ~((<uint64_t>1) << (pos & 63))
+        self.lk[link].queued -= 1
+        self.lk[link].rr = <int32_t>((pos + 1) % n)
         vl = self.pkts[p].vl
         self.credits[link * NUM_VLS + vl] -= self.pkts[p].wire
-        ser = serialisation_ps(self.pkts[p].wire, self.link_rate[link])
-        self.busy_until[link] = self.now + ser
+        ser = serialisation_ps(self.pkts[p].wire, self.lk[link].rate)
+        self.lk[link].busy_until = self.now + ser
         self.count_transmission(link, self.now, ser, self.pkts[p].wire)
         self.packets_sent += 1
         prev = self.pkts[p].in_link
         self.pkts[p].in_link = link
-        self.push(self.now + ser + self.link_lat[link], EV_PKT_ARRIVE, p)
-        if self.queued[link] > 0 and not self.free_pending[link]:
-            self.free_pending[link] = 1
-            self.push(self.busy_until[link], EV_LINK_FREE, link)
+        self.push(self.now + ser + self.lk[link].lat, EV_PKT_ARRIVE, p)
+        if self.lk[link].queued > 0 and not self.lk[link].free_pending:
+            self.lk[link].free_pending = 1
+            self.push(self.lk[link].busy_until, EV_LINK_FREE, link)
         if prev >= 0:
             # The packet left prev's receive buffer: its credit goes back to prev's sender.
             self.credits[prev * NUM_VLS + vl] += self.pkts[p].wire
@@ -1206,7 +1228,7 @@ cdef class Engine:
         return 0
 
     cdef int on_link_free(self, int32_t link) except -1:
-        self.free_pending[link] = 0
+        self.lk[link].free_pending = 0
         self.try_transmit(link)
         return 0
 
@@ -1215,21 +1237,21 @@ cdef class Engine:
         cdef int32_t link = self.pkts[p].link, nxt, s, d, m
         cdef int64_t rate, start
         m = self.pkts[p].msg
-        if not self.link_alive[link]:
+        if not self.lk[link].alive:
             # It was on the wire when the link failed: lost. The dead link's receiver never
             # holds it, so its credit comes back at once (keeps the books balanced).
             self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
             return self.lose(p)
         self.leg_ends(p, &s, &d)
         nxt = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, self.pkts[p].hop + 1)
-        if nxt >= 0 and not self.link_alive[nxt]:
+        if nxt >= 0 and not self.lk[nxt].alive:
             # Its next link has failed: the switch drops it, freeing its buffer.
             self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
             self.try_transmit(link)
             return self.lose(p)
         if nxt >= 0:
             self.pkts[p].hop += 1
-            self.voq_append(nxt, self.link_in_slot[link], p)
+            self.voq_append(nxt, self.lk[link].in_slot, p)
             self.try_transmit(nxt)
             return 0
         rate = self.ep_sink_rate[d]
@@ -1250,7 +1272,7 @@ cdef class Engine:
             link = self.route_link(path, self.msg_dst[m], self.msg_src[m], self.pkts[p].plane, self.pkts[p].uplink, hop)
             if link < 0:
                 return total
-            total += serialisation_ps(wire, self.link_rate[link]) + self.link_lat[link]
+            total += serialisation_ps(wire, self.lk[link].rate) + self.lk[link].lat
             hop += 1
 
     cdef int on_sink_done(self, int32_t p) except -1:
@@ -1307,7 +1329,7 @@ cdef class Engine:
         self.pkts[p].ready = self.now
         self.pkts[p].wire = <int32_t>self.wire_bytes(path, PKT_READ_RESP, self.pkts[p].payload)
         first = self.route_link(path, self.msg_src[m], self.msg_dst[m], self.pkts[p].plane, self.pkts[p].uplink, 0)
-        if not self.link_alive[first]:
+        if not self.lk[first].alive:
             return self.lose(p)  # its way back failed while the target was reading
         self.voq_append(first, 0, p)
         self.try_transmit(first)
@@ -1399,6 +1421,24 @@ cdef class Engine:
     @property
     def pending(self):
         return self.queued_events()
+
+    @property
+    def link_bytes(self):
+        out = np.empty(self.n_links, dtype=np.int64)
+        cdef int64_t[::1] v = out
+        cdef int64_t i
+        for i in range(self.n_links):
+            v[i] = self.lk[i].bytes
+        return out
+
+    @property
+    def link_busy_ps(self):
+        out = np.empty(self.n_links, dtype=np.int64)
+        cdef int64_t[::1] v = out
+        cdef int64_t i
+        for i in range(self.n_links):
+            v[i] = self.lk[i].busy
+        return out
 
     @property
     def op_start_ps(self):
