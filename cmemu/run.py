@@ -128,13 +128,14 @@ def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimat
     The binned link counters grow with the traffic and the simulated time: a few bytes per
     packet stand for them.
     """
-    from cmemu.lower.collectives import UB_CHUNK_BYTE
+    from cmemu.lower.collectives import ub_chunk_byte
 
     spec = topo.spec
     ops = len(trace.nodes)
     edges = messages = packets = comps = 0
     mtu = {"ub": spec.ub.transport_mtu_byte, "rdma": spec.rdma.mtu_byte, "vpc": spec.vpc.mtu_byte}
     groups = trace.header.get("groups", {})
+    chunk = ub_chunk_byte(spec.die)
     for node in trace.nodes:
         edges += len(node.data_deps) + len(node.ctrl_deps) + 1
         if node.type == "COMM_SEND":
@@ -153,9 +154,9 @@ def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimat
                 writes = a["cmemu.tokens"] * a["cmemu.top_k"]
                 size = a.get("cmemu.payload_bytes", 2 * a["cmemu.hidden"])
             else:
-                pieces = max(1, -(-a.get("comm_size", 0) // UB_CHUNK_BYTE))
+                pieces = max(1, -(-a.get("comm_size", 0) // chunk))
                 writes = 2 * g * pieces
-                size = min(a.get("comm_size", 0), UB_CHUNK_BYTE)
+                size = min(a.get("comm_size", 0), chunk)
             ops += 2 * writes + 4 * g
             edges += 3 * writes + 4 * g
             messages += writes + g

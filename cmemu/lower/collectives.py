@@ -41,7 +41,12 @@ from cmemu.units import ns_to_ps
 OP_COMP, OP_SEND, OP_RECV = 0, 1, 2  # cmemu.lower.OP_KIND_* (no import cycle)
 SDMA, AIV = PIPE_CODE["SDMA"], PIPE_CODE["AIV_DIRECT"]
 VECTOR = PIPE_CODE["VECTOR"]
-UB_CHUNK_BYTE = 96 * 1024  # AIV-Direct moves data through half the 192 KiB UB (double buffering)
+
+
+def ub_chunk_byte(die) -> int:
+    """What one AIV moves at a time: half its Unified Buffer (the other half is the second buffer)."""
+    return die.ub_buffer_kib * 1024 // 2
+
 DISPATCH_SCALE_BYTE = 4  # the per-token fp32 scale written beside the INT8 token
 DISPATCH_ALIGN_BYTE = 512  # token slots are padded to 512 B: 7,168 + 4 -> 7,680 (SPEC.md 2.5)
 
@@ -200,12 +205,13 @@ def _issue(ctx, m, start, dst_members, nbytes, lane_bytes=None):
         b.edges(np.full(int(first.sum()), start), desc[first])
         b.edges(busy[:-engines] if n > engines else [], desc[engines:])
         return _send_writes(ctx, m, desc, dst_members, nbytes, SDMA)
-    # AIV-Direct: pieces of at most UB_CHUNK_BYTE, each loaded by one AIV then written.
+    # AIV-Direct: pieces of at most half a UB, each loaded by one AIV then written.
+    chunk = ub_chunk_byte(ctx.die)
     pieces_dst, pieces_bytes = [], []
     for d, nb in zip(dst_members, nbytes):
-        k = max(1, -(-int(nb) // UB_CHUNK_BYTE))
+        k = max(1, -(-int(nb) // chunk))
         pieces_dst += [d] * k
-        pieces_bytes += [UB_CHUNK_BYTE] * (k - 1) + [int(nb) - UB_CHUNK_BYTE * (k - 1)]
+        pieces_bytes += [chunk] * (k - 1) + [int(nb) - chunk * (k - 1)]
     pieces_bytes = np.asarray(pieces_bytes, dtype=np.int64)
     sizes, where = np.unique(pieces_bytes, return_inverse=True)
     load_ps = np.array([ctx.stream_ps(int(nb), 1) for nb in sizes], dtype=np.int64)[where]
@@ -330,7 +336,7 @@ def _moe_writes(ctx, m, start, dst_of_pair, payload, quantise, tokens):
         n = len(dst_of_pair)
         a = ctx.cores
         in_byte = 2 * quantise if quantise else payload  # what is read per pair (BF16 in dispatch)
-        per_batch = max(1, UB_CHUNK_BYTE // in_byte)
+        per_batch = max(1, ub_chunk_byte(ctx.die) // in_byte)
         batch = (np.arange(n) // a) // per_batch * a + np.arange(n) % a
         sizes = np.bincount(batch)
         cost = {}
