@@ -92,3 +92,53 @@ def test_hold_keeps_chains_pending():
 def test_serialisation_rounds_up_to_a_picosecond(nbytes, rate, ps):
     # 512 B at 28 GB/s = 18285.71 ps -> 18286; 10 GB needs more than 64-bit intermediates.
     assert native_serialisation(nbytes, rate) == reference_serialisation(nbytes, rate) == ps
+
+
+def _grouped_workload(grouped: bool):
+    """Die 0 writes 3 messages (to dies 2, 3, 4) and dies 2..4 each write one back to die 0.
+    Grouped: one send op carries die 0's three writes and one receive op waits for the three
+    replies; otherwise one send / receive op per message (the same traffic)."""
+    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+    from cmemu.lower.comm import MessageTable
+
+    topo = build_topology(load_system("mini"))
+    table = MessageTable()
+    if grouped:
+        # ops: 0 send (die 0), 1..3 receives (dies 2..4), 4..6 sends back (dies 2..4), 7 receive (die 0)
+        kinds = [OP_KIND_SEND] + [OP_KIND_RECV] * 3 + [OP_KIND_SEND] * 3 + [OP_KIND_RECV]
+        rank = [0, 2, 3, 4, 2, 3, 4, 0]
+        for k, d in enumerate((2, 3, 4)):
+            table.add(topo, 0, d, 5000 * (k + 1), "ub", send_op=0, recv_op=1 + k)
+        for k, d in enumerate((2, 3, 4)):
+            table.add(topo, d, 0, 700 * (k + 1), "ub", send_op=4 + k, recv_op=7)
+        op_msg = [0, 0, 1, 2, 3, 4, 5, 3]
+        succ = ([1, 2, 3], [4, 5, 6])
+    else:
+        # ops: 0..2 sends (die 0), 3..5 receives, 6..8 sends back, 9..11 receives (die 0)
+        kinds = [OP_KIND_SEND] * 3 + [OP_KIND_RECV] * 3 + [OP_KIND_SEND] * 3 + [OP_KIND_RECV] * 3
+        rank = [0, 0, 0, 2, 3, 4, 2, 3, 4, 0, 0, 0]
+        for k, d in enumerate((2, 3, 4)):
+            table.add(topo, 0, d, 5000 * (k + 1), "ub", send_op=k, recv_op=3 + k)
+        for k, d in enumerate((2, 3, 4)):
+            table.add(topo, d, 0, 700 * (k + 1), "ub", send_op=6 + k, recv_op=9 + k)
+        op_msg = [0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]
+        succ = ([3, 4, 5], [6, 7, 8])
+    return lowered_from_parts(kinds, np.zeros(len(kinds)), *succ, table, op_msg=op_msg, rank=rank)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_one_op_can_carry_many_messages(native):
+    g = _run(_grouped_workload(True), native)
+    s = _run(_grouped_workload(False), native)
+    # The same traffic: the same deliveries, and the same bytes on every link.
+    np.testing.assert_array_equal(g.msg_delivered_ps, s.msg_delivered_ps)
+    np.testing.assert_array_equal(g.link_bytes, s.link_bytes)
+    # The grouped send ends when the last of its writes is acknowledged, as the last single send
+    # does; the grouped receive when the last reply is delivered.
+    assert g.op_end_ps[0] == max(s.op_end_ps[0:3])
+    assert g.op_end_ps[7] == max(s.op_end_ps[9:12]) == max(s.msg_delivered_ps[3:6])
+    assert g.ops_done == 8 and s.ops_done == 12
+
+
+def test_many_message_ops_native_matches_reference():
+    _same(_run(_grouped_workload(True), True), _run(_grouped_workload(True), False))

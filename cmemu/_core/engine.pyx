@@ -7,9 +7,11 @@ methods named after the hardware action they model; nothing calls Python per eve
 ``cmemu._core.reference`` is the same model in pure Python; tests check both agree exactly.
 
 Ops (see docs/model.md): an op is ready when its dependencies have ended. COMP runs for its
-precomputed duration; MEM_* queue FIFO on their die's HBM server; COMM_SEND starts a write
-message at its source after the initiator's start-up; COMM_RECV ends when its message has been
-delivered (a read message is started by its receive).
+precomputed duration; MEM_* queue FIFO on their die's HBM server; COMM_SEND starts its write
+messages at their source after the initiator's start-up and ends when all are acknowledged;
+COMM_RECV ends when all its messages have been delivered (a read message is started by its
+receive). Delivery and acknowledgement times are computed when the last packet is absorbed, so
+neither is an event of its own: the op's end is scheduled at the latest of them.
 
 Packets: an initiator cuts a message into packets of at most the MTU, issues one every
 ``issue`` picoseconds while it has fewer than ``max_outstanding`` unacknowledged, and sprays them
@@ -24,7 +26,7 @@ request is answered after the target's memory latency by a response carrying the
 
 Events: ``on_op_ready``, ``on_op_done``, ``on_link_free`` (only when a
 packet waits for a busy link, or for its issue time at its source), ``on_packet_arrive`` (one per
-packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_ack``, ``on_message_delivered``.
+packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_wake``.
 """
 cimport cython
 from libc.stdlib cimport malloc, realloc, free, qsort
@@ -35,6 +37,7 @@ import numpy as np
 cimport numpy as cnp
 
 from cmemu.errors import DieFailedError, UnroutableError
+from cmemu._core import op_message_lists
 
 cnp.import_array()
 
@@ -78,9 +81,9 @@ cdef enum:
     EV_PKT_ARRIVE = 4
     EV_SINK_DONE = 5
     EV_RESP_INJECT = 6
-    EV_ACK = 7  # a message's last ack is back
+    EV_ACK = 7  # (no longer scheduled: an ack time ends its send op directly)
     EV_WAKE = 11  # an initiator whose window was full may issue again
-    EV_MSG_DELIVERED = 8
+    EV_MSG_DELIVERED = 8  # (no longer scheduled: a delivery time ends its receive op directly)
     EV_FAIL = 9
     EV_RETRANSMIT = 10
 
@@ -209,10 +212,15 @@ cdef class Engine:
     cdef int64_t act_head, act_len, act_cap
     cdef readonly int64_t now, events, n_ops, ops_done, max_pending, packets_sent, packets_live
     cdef readonly bint past_event
+    cdef int64_t kind_count[16]
     # Ops.
     cdef OpInfo* ops
     cdef const int64_t[::1] op_lat_ps
     cdef const int32_t[::1] succ_idx
+    cdef const int64_t[::1] op_mptr   # messages of a SEND/RECV op: op_midx[op_mptr[op]:op_mptr[op+1]]
+    cdef const int32_t[::1] op_midx
+    cdef int32_t[::1] op_left         # messages the op still waits for
+    cdef int64_t[::1] op_tmax         # the latest ack / delivery time among them so far
     cdef int64_t[::1] res_free
     # Cores: an op holds op_aic AIC and op_aiv AIV cores of its die while it runs; ops that do
     # not fit wait in their die's FIFO.
@@ -351,6 +359,9 @@ cdef class Engine:
             self.ops[i].kind = kind[i]
         self.op_lat_ps = L.op_lat_ps
         self.succ_idx = L.succ_idx
+        self.op_mptr, self.op_midx = op_message_lists(L)
+        self.op_left = np.zeros(self.n_ops, dtype=np.int32)
+        self.op_tmax = np.zeros(self.n_ops, dtype=np.int64)
         self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
         self.free_aic = L.die_aic_cores.copy()
         self.free_aiv = L.die_aiv_cores.copy()
@@ -510,6 +521,8 @@ cdef class Engine:
         self.seq = 0
         self.now = 0
         self.events = 0
+        for i in range(16):
+            self.kind_count[i] = 0
         self.ops_done = 0
         self.max_pending = 0
         self.past_event = False
@@ -1075,8 +1088,8 @@ cdef class Engine:
         return self.start_op(op)
 
     cdef int start_op(self, int32_t op) except -1:
-        cdef int64_t t = self.now, start
-        cdef int32_t msg, r
+        cdef int64_t t = self.now, start, i
+        cdef int32_t msg, r, left = 0
         cdef OpInfo* o = &self.ops[op]
         cdef uint8_t kind = o.kind
         o.start = t
@@ -1088,19 +1101,49 @@ cdef class Engine:
             self.res_free[r] = start + o.dur
             self.push(start + o.dur + self.op_lat_ps[op], EV_OP_DONE, op)
         elif kind == K_SEND:
-            msg = o.msg
-            if self.msg_kind[msg] == MSG_WRITE:
-                self.message_start(msg, t + self.ep_startup[self.msg_src[msg]])
-            else:
-                self.push(t, EV_OP_DONE, op)  # the holder of read data has nothing to do
-        else:  # K_RECV
-            msg = o.msg
-            if self.msg_kind[msg] != MSG_WRITE:
-                self.message_start(msg, t + self.ep_startup[self.msg_dst[msg]])
-            if self.msg_delivered[msg] >= 0:
+            # It waits for the acks of its writes; the holder of read data has nothing to do.
+            for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
+                if self.msg_kind[self.op_midx[i]] == MSG_WRITE:
+                    left += 1
+            self.op_left[op] = left
+            self.op_tmax[op] = t
+            if left == 0:
                 self.push(t, EV_OP_DONE, op)
-            else:
-                self.recv_waiting[msg] = 1
+            for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
+                msg = self.op_midx[i]
+                if self.msg_kind[msg] == MSG_WRITE:
+                    self.message_start(msg, t + self.ep_startup[self.msg_src[msg]])
+        else:  # K_RECV: it waits for every message not yet delivered
+            self.op_tmax[op] = t
+            for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
+                msg = self.op_midx[i]
+                if self.msg_delivered[msg] >= 0:
+                    if self.msg_delivered[msg] > self.op_tmax[op]:
+                        self.op_tmax[op] = self.msg_delivered[msg]
+                else:
+                    self.recv_waiting[msg] = 1
+                    left += 1
+            self.op_left[op] = left
+            if left == 0:
+                self.push(self.op_tmax[op], EV_OP_DONE, op)
+            for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
+                msg = self.op_midx[i]
+                if self.msg_kind[msg] != MSG_WRITE:
+                    self.message_start(msg, t + self.ep_startup[self.msg_dst[msg]])
+        return 0
+
+    cdef int deliver(self, int32_t m, int64_t t) except -1:
+        """Message m is delivered at t (now or later): its waiting receive may end then."""
+        cdef int32_t r
+        self.msg_delivered[m] = t
+        if self.recv_waiting[m]:
+            self.recv_waiting[m] = 0
+            r = self.msg_recv_op[m]
+            if t > self.op_tmax[r]:
+                self.op_tmax[r] = t
+            self.op_left[r] -= 1
+            if self.op_left[r] == 0:
+                self.push(self.op_tmax[r], EV_OP_DONE, r)
         return 0
 
     cdef int message_start(self, int32_t msg, int64_t at) except -1:
@@ -1285,10 +1328,7 @@ cdef class Engine:
             t = self.now + self.ep_write_lat[self.msg_dst[m]]
             self.msg_undelivered[m] -= 1
             if self.msg_undelivered[m] == 0:
-                if self.msg_recv_op[m] >= 0:
-                    self.push(t, EV_MSG_DELIVERED, m)
-                else:
-                    self.msg_delivered[m] = t  # nobody waits for it: just the record
+                self.deliver(m, t)
             # The ack's return is computed: its slot frees then (see collect_acks); the message
             # is acknowledged when its last ack is back.
             t += self.ack_trip_ps(p)
@@ -1301,7 +1341,7 @@ cdef class Engine:
             self.packet_release(p)
             self.msg_unacked[m] -= 1
             if self.msg_unacked[m] == 0:
-                self.push(self.msg_ack_max[m], EV_ACK, m)
+                self.acked(m)
         elif self.pkts[p].ptype == PKT_READ_REQ:
             # A read reads the target's memory; an atomic reads, modifies and writes it.
             t = self.now + self.ep_read_lat[self.msg_src[m]]
@@ -1314,7 +1354,7 @@ cdef class Engine:
             self.packet_release(p)
             self.msg_undelivered[m] -= 1
             if self.msg_undelivered[m] == 0:
-                self.on_message_delivered(m)
+                self.deliver(m, self.now)
             self.inject(d)
         return 0
 
@@ -1335,18 +1375,18 @@ cdef class Engine:
         self.try_transmit(first)
         return 0
 
-    cdef int on_ack(self, int32_t m) except -1:
-        """A write message's last ack is back: its send op ends."""
-        if self.msg_send_op[m] >= 0:
-            self.push(self.now, EV_OP_DONE, self.msg_send_op[m])
-        self.inject(self.msg_src[m])
-        return 0
-
-    cdef int on_message_delivered(self, int32_t m) except -1:
-        self.msg_delivered[m] = self.now
-        if self.recv_waiting[m]:
-            self.recv_waiting[m] = 0
-            self.push(self.now, EV_OP_DONE, self.msg_recv_op[m])
+    cdef int acked(self, int32_t m) except -1:
+        """A write message's last ack will be back at msg_ack_max[m]: its send op ends when the
+        last of its messages is acknowledged. (Its window slots free by themselves: see
+        collect_acks; an initiator with a full window has a wake-up at its first ack.)"""
+        cdef int32_t op = self.msg_send_op[m]
+        if op < 0 or self.ops[op].kind != K_SEND:
+            return 0
+        if self.msg_ack_max[m] > self.op_tmax[op]:
+            self.op_tmax[op] = self.msg_ack_max[m]
+        self.op_left[op] -= 1
+        if self.op_left[op] == 0:
+            self.push(self.op_tmax[op], EV_OP_DONE, op)
         return 0
 
     cdef int on_op_done(self, int32_t op) except -1:
@@ -1389,14 +1429,13 @@ cdef class Engine:
             ev = self.next_event()
             self.now = ev.time
             self.events += 1
+            self.kind_count[ev.kind & 15] += 1
             if budget > 0:
                 budget -= 1
             if ev.kind == EV_PKT_ARRIVE:
                 self.on_packet_arrive(ev.a)
             elif ev.kind == EV_LINK_FREE:
                 self.on_link_free(ev.a)
-            elif ev.kind == EV_ACK:
-                self.on_ack(ev.a)
             elif ev.kind == EV_OP_DONE:
                 self.on_op_done(ev.a)
             elif ev.kind == EV_OP_READY:
@@ -1409,16 +1448,21 @@ cdef class Engine:
                 self.on_fail(ev.a)
             elif ev.kind == EV_RETRANSMIT:
                 self.on_retransmit(ev.a)
-            elif ev.kind == EV_RESP_INJECT:
-                self.on_response_inject(ev.a)
             else:
-                self.on_message_delivered(ev.a)
+                self.on_response_inject(ev.a)
         return self.queued_events() == 0
 
     cdef inline int64_t queued_events(self) noexcept nogil:
         return self.heap_len + self.fifo_len + self.wheel_count + self.act_len - self.act_head
 
     @property
+    def event_counts(self):
+        """Events handled so far, by handler name (for profiling)."""
+        names = {EV_OP_READY: "op_ready", EV_OP_DONE: "op_done", EV_LINK_FREE: "link_free",
+                 EV_PKT_ARRIVE: "packet_arrive", EV_SINK_DONE: "sink_done", EV_RESP_INJECT: "response_inject",
+                 EV_WAKE: "wake", EV_FAIL: "fail", EV_RETRANSMIT: "retransmit"}
+        return {name: int(self.kind_count[k]) for k, name in names.items() if self.kind_count[k]}
+
     def pending(self):
         return self.queued_events()
 

@@ -10,6 +10,7 @@ import heapq
 import numpy as np
 
 from cmemu.errors import DieFailedError, UnroutableError
+from cmemu._core import op_message_lists
 
 from cmemu.lower.fabric import (
     LB_SPRAY,
@@ -51,6 +52,10 @@ class Engine:
         self.op_lat_ps = L.op_lat_ps.tolist()
         self.op_res = L.op_res.tolist()
         self.op_msg = L.op_msg.tolist()
+        ptr, idx = op_message_lists(L)
+        self.op_msgs = [idx[ptr[i]:ptr[i + 1]].tolist() for i in range(self.n_ops)]
+        self.op_left = [0] * self.n_ops
+        self.op_tmax = [0] * self.n_ops
         self.succ_ptr = L.succ_ptr.tolist()
         self.succ_idx = L.succ_idx.tolist()
         self.pending_deps = L.op_npred.tolist()
@@ -433,19 +438,50 @@ class Engine:
             self.res_free[r] = start + self.op_dur_ps[op]
             self.push(start + self.op_dur_ps[op] + self.op_lat_ps[op], EV_OP_DONE, op)
         elif kind == K_SEND:
-            msg = self.op_msg[op]
-            if self.msg_kind[msg] == MSG_WRITE:
-                self.message_start(msg, t + self.ep_startup[self.msg_src[msg]])
-            else:
+            msgs = self.op_msgs[op]
+            left = sum(1 for m in msgs if self.msg_kind[m] == MSG_WRITE)
+            self.op_left[op] = left
+            self.op_tmax[op] = t
+            if left == 0:
                 self.push(t, EV_OP_DONE, op)
+            for m in msgs:
+                if self.msg_kind[m] == MSG_WRITE:
+                    self.message_start(m, t + self.ep_startup[self.msg_src[m]])
         else:
-            msg = self.op_msg[op]
-            if self.msg_kind[msg] != MSG_WRITE:
-                self.message_start(msg, t + self.ep_startup[self.msg_dst[msg]])
-            if self.msg_delivered[msg] >= 0:
-                self.push(t, EV_OP_DONE, op)
-            else:
-                self.recv_waiting[msg] = True
+            msgs = self.op_msgs[op]
+            self.op_tmax[op] = t
+            left = 0
+            for m in msgs:
+                if self.msg_delivered[m] >= 0:
+                    self.op_tmax[op] = max(self.op_tmax[op], self.msg_delivered[m])
+                else:
+                    self.recv_waiting[m] = True
+                    left += 1
+            self.op_left[op] = left
+            if left == 0:
+                self.push(self.op_tmax[op], EV_OP_DONE, op)
+            for m in msgs:
+                if self.msg_kind[m] != MSG_WRITE:
+                    self.message_start(m, t + self.ep_startup[self.msg_dst[m]])
+
+    def deliver(self, m, t):
+        self.msg_delivered[m] = t
+        if self.recv_waiting[m]:
+            self.recv_waiting[m] = False
+            r = self.msg_recv_op[m]
+            self.op_tmax[r] = max(self.op_tmax[r], t)
+            self.op_left[r] -= 1
+            if self.op_left[r] == 0:
+                self.push(self.op_tmax[r], EV_OP_DONE, r)
+
+    def acked(self, m):
+        op = self.msg_send_op[m]
+        if op < 0 or self.op_kind[op] != K_SEND:
+            return
+        self.op_tmax[op] = max(self.op_tmax[op], self.msg_ack_max[m])
+        self.op_left[op] -= 1
+        if self.op_left[op] == 0:
+            self.push(self.op_tmax[op], EV_OP_DONE, op)
 
     def message_start(self, msg, at):
         ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
@@ -566,10 +602,7 @@ class Engine:
             t = self.now + self.ep_write_lat[self.msg_dst[m]]
             self.msg_undelivered[m] -= 1
             if self.msg_undelivered[m] == 0:
-                if self.msg_recv_op[m] >= 0:
-                    self.push(t, EV_MSG_DELIVERED, m)
-                else:
-                    self.msg_delivered[m] = t
+                self.deliver(m, t)
             t += self.ack_trip_ps(p)
             src = self.msg_src[m]
             heapq.heappush(self.ack_heap[src], t)
@@ -579,7 +612,7 @@ class Engine:
             self.packet_release(p)
             self.msg_unacked[m] -= 1
             if self.msg_unacked[m] == 0:
-                self.push(self.msg_ack_max[m], EV_ACK, m)
+                self.acked(m)
         elif pk.ptype == PKT_READ_REQ:
             t = self.now + self.ep_read_lat[self.msg_src[m]]
             if self.msg_kind[m] == MSG_ATOMIC:
@@ -591,7 +624,7 @@ class Engine:
             self.packet_release(p)
             self.msg_undelivered[m] -= 1
             if self.msg_undelivered[m] == 0:
-                self.on_message_delivered(m)
+                self.deliver(m, self.now)
             self.inject(d)
 
     def on_response_inject(self, p):
@@ -610,17 +643,6 @@ class Engine:
             return self.lose(p)
         self.voq_append(first, 0, p)
         self.try_transmit(first)
-
-    def on_ack(self, m):
-        if self.msg_send_op[m] >= 0:
-            self.push(self.now, EV_OP_DONE, self.msg_send_op[m])
-        self.inject(self.msg_src[m])
-
-    def on_message_delivered(self, m):
-        self.msg_delivered[m] = self.now
-        if self.recv_waiting[m]:
-            self.recv_waiting[m] = False
-            self.push(self.now, EV_OP_DONE, self.msg_recv_op[m])
 
     def on_op_done(self, op):
         self.op_end[op] = self.now
@@ -644,7 +666,7 @@ class Engine:
     _HANDLERS = {
         EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done,
         EV_LINK_FREE: on_link_free, EV_PKT_ARRIVE: on_packet_arrive, EV_SINK_DONE: on_sink_done,
-        EV_RESP_INJECT: on_response_inject, EV_ACK: on_ack, EV_MSG_DELIVERED: on_message_delivered,
+        EV_RESP_INJECT: on_response_inject,
         EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit, EV_WAKE: on_wake,
     }
 

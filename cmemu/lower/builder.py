@@ -71,7 +71,7 @@ class OpBuilder:
         n = src.size
         send_op = np.broadcast_to(np.asarray(send_op, dtype=np.int64), (n,))
         recv_op = np.broadcast_to(np.asarray(recv_op, dtype=np.int64), (n,))
-        first = len(self.messages.src)
+        first = len(self.messages)
         self.messages.add_many(topo, src, np.broadcast_to(dst, (n,)), np.broadcast_to(nbytes, (n,)),
                                send_op, recv_op, kind=kind, plane=plane)
         ids = np.arange(first, first + n)

@@ -89,12 +89,25 @@ def moe_routing(tokens: int, top_k: int, experts: int, members: int, skew: float
     logp = -skew * np.log(np.arange(1, experts + 1))
     out = np.empty((members, tokens, top_k), dtype=np.int64)
     for m in range(members):
-        keys = logp + rng.gumbel(size=(tokens, experts))
-        chosen = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k] if top_k < experts else \
-            np.tile(np.arange(experts), (tokens, 1))
+        if top_k >= experts:
+            chosen = np.tile(np.arange(experts), (tokens, 1))
+        else:
+            # Gumbel keys log p + G with G = -log(-log U); with skew 0 every log p is equal and
+            # the top k of U are the top k of the keys (a monotone map), so skip the logs.
+            u = rng.random(size=(tokens, experts), dtype=np.float32)
+            keys = u if skew == 0 else logp - np.log(-np.log(np.maximum(u, np.float32(1e-38))))
+            chosen = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k]
         out[m] = chosen % members
     out.setflags(write=False)  # shared by every caller with the same arguments (cached)
     return out
+
+
+@lru_cache(maxsize=4096)
+def _vector_ps(die, attrs: tuple) -> int:
+    """The die model's time for a vector op (cached: members of a collective ask the same)."""
+    from cmemu.die.ops import node_cost
+
+    return node_cost(die, {"cmemu.unit": "aiv", "cmemu.dtype": "bf16", **dict(attrs)}).duration_ps
 
 
 class _Ctx:
@@ -123,9 +136,7 @@ class _Ctx:
         return int(idx[0]) if count is None else idx
 
     def vector_ps(self, attrs) -> int:
-        from cmemu.die.ops import node_cost
-
-        return node_cost(self.die, {"cmemu.unit": "aiv", "cmemu.dtype": "bf16", **attrs}).duration_ps
+        return _vector_ps(self.die, tuple(sorted(attrs.items())))
 
     def stream_ps(self, nbytes, cores) -> int:
         """Time for ``cores`` AIVs to stream ``nbytes`` between GM and their UBs (MTE2/MTE3)."""
@@ -175,14 +186,27 @@ def lower_collective(b, topo, trace, ops) -> dict:
     return dict(zip(ops, entries))
 
 
-def _send_writes(ctx, m, start_ops, dst_members, nbytes, lane):
-    """Write messages from member m; send ops depend on start_ops[i]. Returns the send ops."""
+def _send_writes(ctx, m, start_ops, dst_members, nbytes, lane, group=None):
+    """Write messages from member m. Without ``group``, one send op per message, after
+    start_ops[i]; with it, message i belongs to the send op of group[i] (one op per distinct
+    value, after start_ops[group[i]], ending when all its writes are acknowledged), which is how
+    a core's batch of writes is issued. Returns the send ops."""
     n = len(dst_members)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    sends = ctx.b.ops(n, kind=OP_SEND, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane, nbytes=nbytes)
-    ctx.b.edges(start_ops, sends)
-    ctx.b.messages_between(ctx.topo, np.full(n, ctx.ranks[m]), ctx.ranks[dst_members], nbytes, sends, -1,
+    nbytes = np.broadcast_to(np.asarray(nbytes, dtype=np.int64), (n,))
+    dst_members = np.asarray(dst_members)
+    if group is None:
+        owner, starts, op_bytes = np.arange(n), start_ops, nbytes
+    else:
+        order = np.argsort(group, kind="stable")
+        group, dst_members, nbytes = group[order], dst_members[order], nbytes[order]
+        keys, owner = np.unique(group, return_inverse=True)
+        starts, op_bytes = np.asarray(start_ops)[keys], np.bincount(owner, weights=nbytes).astype(np.int64)
+    sends = ctx.b.ops(len(op_bytes), kind=OP_SEND, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane,
+                      nbytes=op_bytes)
+    ctx.b.edges(starts, sends)
+    ctx.b.messages_between(ctx.topo, np.full(n, ctx.ranks[m]), ctx.ranks[dst_members], nbytes, sends[owner], -1,
                            kind=MSG_WRITE)
     return sends
 
@@ -236,33 +260,27 @@ def _flags_and_poll(ctx, entries, sends_of, lane):
     own writes and flags are acknowledged."""
     b, members = ctx.b, len(ctx.ops)
     flag = ctx.comm.flag_byte * max(1, ctx.attrs.get("cmemu.experts", members) // members)
-    fences = [ctx.comp(m, 0, lane) for m in range(members)]
+    ranks, parents = ctx.ranks, np.asarray(ctx.ops)
+    entries = np.asarray(entries)
+    fences = b.ops(members, kind=OP_COMP, rank=ranks, parent=parents, lane=lane)
     for m in range(members):
         b.edges(sends_of[m], fences[m])
-        b.edges(entries[m], fences[m])
-    # Flag messages m -> every other member; the receiver's op waits for each.
-    recvs = []
-    for m in range(members):
-        recvs.append(b.ops(members - 1, kind=OP_RECV, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane,
-                           nbytes=flag))
-        b.edges(entries[m], recvs[m])
-    flag_sends = []
-    for m in range(members):
-        others = np.array([d for d in range(members) if d != m])
-        sends = b.ops(members - 1, kind=OP_SEND, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane, nbytes=flag)
-        b.edges(fences[m], sends)
-        # The flag from m is the k-th receive of destination d, k = m's place among d's others.
-        recv_ops = np.array([recvs[d][m if m < d else m - 1] for d in others])
-        b.messages_between(ctx.topo, np.full(members - 1, ctx.ranks[m]), ctx.ranks[others], flag, sends, recv_ops)
-        flag_sends.append(sends)
-    poll = ns_to_ps(ctx.comm.flag_poll_interval_ns)
-    seen = []
-    for m in range(members):
-        p = ctx.comp(m, poll, lane)
-        b.edges(recvs[m], p)
-        b.edges(flag_sends[m], p)
-        seen.append(p)
-    return seen
+    b.edges(entries, fences)
+    # One send op per member writes its flag to every other member (it ends when all are
+    # acknowledged); one receive op per member waits for the flags of all the others.
+    recvs = b.ops(members, kind=OP_RECV, rank=ranks, parent=parents, lane=lane, nbytes=flag * (members - 1))
+    b.edges(entries, recvs)
+    sends = b.ops(members, kind=OP_SEND, rank=ranks, parent=parents, lane=lane, nbytes=flag * (members - 1))
+    b.edges(fences, sends)
+    src = np.repeat(np.arange(members), members - 1)
+    dst = (src + np.tile(np.arange(1, members), members)) % members  # m+1, m+2, ... (staggered)
+    b.messages_between(ctx.topo, ranks[src], ranks[dst], flag, sends[src], recvs[dst])
+    # The member sees the last flag at most one poll interval after it lands.
+    seen = b.ops(members, kind=OP_COMP, dur=ns_to_ps(ctx.comm.flag_poll_interval_ns), rank=ranks, parent=parents,
+                 lane=lane)
+    b.edges(recvs, seen)
+    b.edges(sends, seen)
+    return list(seen)
 
 
 def _exchange(ctx, starts, nbytes, after_ps=0, after_aiv=0):
@@ -351,8 +369,8 @@ def _moe_writes(ctx, m, start, dst_of_pair, payload, quantise, tokens):
         loads = ctx.comp(m, np.array([cost[k] for k in sizes], dtype=np.int64), AIV, nbytes=sizes * in_byte, aiv=1,
                          count=len(sizes))
         _aiv_chains(ctx, start, loads)
-        return _send_writes(ctx, m, loads[batch[remote]], dst_of_pair[remote], np.full(int(remote.sum()), payload),
-                            AIV)
+        # The writes of a batch go out as the batch's loads end, one send op per batch.
+        return _send_writes(ctx, m, loads, dst_of_pair[remote], payload, AIV, group=batch[remote])
     # SDMA: quantise (or gather) every pair into a staging buffer on the AIVs, then one
     # descriptor per destination with all its pairs.
     n = len(dst_of_pair)

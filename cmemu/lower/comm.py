@@ -8,8 +8,6 @@ module only describes the messages, so lowering stays cheap however large they a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from cmemu.lower.fabric import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC
@@ -18,17 +16,28 @@ from cmemu.topology import Topology
 _HASH_MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads message numbers over paths
 
 
-@dataclass
-class MessageTable:
-    """Messages in the flat form the engine reads."""
+_COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")
 
-    src: list = field(default_factory=list)
-    dst: list = field(default_factory=list)
-    nbytes: list = field(default_factory=list)
-    kind: list = field(default_factory=list)
-    path: list = field(default_factory=list)
-    send_op: list = field(default_factory=list)
-    recv_op: list = field(default_factory=list)
+
+class MessageTable:
+    """Messages in the flat form the engine reads.
+
+    Single messages (``add``) collect in lists, batches (``add_many``) as numpy chunks; both
+    keep their order, and ``arrays()`` joins them once.
+    """
+
+    def __init__(self):
+        self._rows = {c: [] for c in _COLUMNS}  # single messages not yet in a chunk
+        self._chunks = []  # dicts of column arrays, in order
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _flush(self) -> None:
+        if self._rows["src"]:
+            self._chunks.append({c: np.asarray(v, dtype=np.int64) for c, v in self._rows.items()})
+            self._rows = {c: [] for c in _COLUMNS}
 
     def add(self, topo: Topology, src: int, dst: int, nbytes: int, plane: str, send_op: int, recv_op: int,
             kind: int = MSG_WRITE) -> int:
@@ -42,14 +51,10 @@ class MessageTable:
             path = PATH_D2D
         else:
             path = PATH_UB
-        self.src.append(src)
-        self.dst.append(dst)
-        self.nbytes.append(nbytes)
-        self.kind.append(kind)
-        self.path.append(path)
-        self.send_op.append(send_op)
-        self.recv_op.append(recv_op)
-        return len(self.src) - 1
+        for c, v in zip(_COLUMNS, (src, dst, nbytes, kind, path, send_op, recv_op)):
+            self._rows[c].append(int(v))
+        self._n += 1
+        return self._n - 1
 
     def add_many(self, topo: Topology, src, dst, nbytes, send_op, recv_op, kind: int = MSG_WRITE,
                  plane: str = "ub") -> None:
@@ -64,28 +69,37 @@ class MessageTable:
         else:
             twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
             path = np.where(twin, PATH_D2D, PATH_UB)
-        self.src.extend(src.tolist())
-        self.dst.extend(dst.tolist())
-        self.nbytes.extend(np.asarray(nbytes, dtype=np.int64).tolist())
-        self.kind.extend([kind] * src.size)
-        self.path.extend(path.tolist())
-        self.send_op.extend(np.asarray(send_op, dtype=np.int64).tolist())
-        self.recv_op.extend(np.asarray(recv_op, dtype=np.int64).tolist())
+        n = src.size
+        self._flush()
+        self._chunks.append({
+            "src": src, "dst": dst, "path": path,
+            "nbytes": np.broadcast_to(np.asarray(nbytes, dtype=np.int64), (n,)),
+            "kind": np.full(n, kind, dtype=np.int64),
+            "send_op": np.broadcast_to(np.asarray(send_op, dtype=np.int64), (n,)),
+            "recv_op": np.broadcast_to(np.asarray(recv_op, dtype=np.int64), (n,)),
+        })
+        self._n += n
+
+    def column(self, name: str) -> np.ndarray:
+        self._flush()
+        if not self._chunks:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.ravel(c[name]) for c in self._chunks])
 
     def arrays(self) -> dict:
-        n = len(self.src)
-        src = np.asarray(self.src, dtype=np.int32)
-        dst = np.asarray(self.dst, dtype=np.int32)
+        n = self._n
+        src = self.column("src").astype(np.int32)
+        dst = self.column("dst").astype(np.int32)
         # A deterministic per-message hash picks the first path (plane, L2 chip) of a message.
         h = (np.arange(n, dtype=np.uint64) * np.uint64(_HASH_MULT) + src.astype(np.uint64) * np.uint64(7919)
              + dst.astype(np.uint64) * np.uint64(104729)) % np.uint64(2**31)
         return {
             "msg_src": src,
             "msg_dst": dst,
-            "msg_bytes": np.asarray(self.nbytes, dtype=np.int64),
-            "msg_kind": np.asarray(self.kind, dtype=np.uint8),
-            "msg_path": np.asarray(self.path, dtype=np.uint8),
+            "msg_bytes": self.column("nbytes"),
+            "msg_kind": self.column("kind").astype(np.uint8),
+            "msg_path": self.column("path").astype(np.uint8),
             "msg_hash": h.astype(np.int64),
-            "msg_send_op": np.asarray(self.send_op, dtype=np.int32),
-            "msg_recv_op": np.asarray(self.recv_op, dtype=np.int32),
+            "msg_send_op": self.column("send_op").astype(np.int32),
+            "msg_recv_op": self.column("recv_op").astype(np.int32),
         }
