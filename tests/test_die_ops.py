@@ -7,7 +7,7 @@ import pytest
 
 from cmemu.die.gemm import gemm_cost
 from cmemu.die.kernels import vector_cost
-from cmemu.die.mla import MLAShape, mla_decode_cost, mla_prefill_cost
+from cmemu.die.mla import MLAShape, mla_decode_cost, mla_prefill_attention_cost, mla_prefill_cost
 from cmemu.die.model import DieModel
 from cmemu.spec import load_system
 
@@ -84,10 +84,39 @@ def test_mla_decode_heads_decide_the_bound(model):
 
 def test_mla_prefill_runs(model):
     c = mla_prefill_cost(model, 512, MLAShape(heads=16))
-    att = next(p for p in c.phases if p.op == "mla_attention")
-    # causal: 4 query blocks of 128 see 1..4 KV blocks... all within one 512-position block here
-    assert att.macs == 16 * sum(128 * min(512, 128 * (q + 1)) for q in range(4)) * (192 + 128)
-    assert c.duration_ps > 0
+    att = next(p for p in c.phases if p.op == "mla_prefill_attention")
+    # The fused op's attention is the attention-only op over the sequence itself (no prefix).
+    assert att == mla_prefill_attention_cost(model, 512, 512, MLAShape(heads=16))
+    # Causal: query row i sees positions 0..i, Q K^T (192) and P V (128) per head.
+    assert att.macs == 16 * (512 * 513 // 2) * (192 + 128)
+    assert c.duration_ps > att.duration_ps > 0
+    assert c.macs > att.macs  # the projections
+
+
+def test_mla_prefill_attention_by_hand(model):
+    # 3 new tokens after a reused prefix of 2 (kv_len 5), 2 heads: the new rows see 3, 4 and 5
+    # positions, 12 (query, key) pairs per head; a pair is 192 MACs for Q K^T and 128 for P V.
+    c = mla_prefill_attention_cost(model, 3, 5, MLAShape(heads=2))
+    assert c.macs == 2 * (3 + 4 + 5) * (192 + 128) == 7680
+    # One unit per head and query block: 2 of them, on 2 clusters of 1 AIC + 2 AIV.
+    assert c.op == "mla_prefill_attention" and c.aic_cores == 2 and c.aiv_cores == 4
+    # Each position's K (192) and V (128) come from HBM once per head, bf16.
+    assert c.hbm_read_byte == 2 * 5 * 320 * 2
+    # Several query blocks of 128 and KV blocks crossing the diagonal: only the lower triangle
+    # (diagonal included) counts as work, and a block read first up to the diagonal, then whole,
+    # is fetched from HBM once (its first part hits in L2).
+    s = MLAShape(heads=4)
+    c = mla_prefill_attention_cost(model, 600, 600, s)
+    assert c.macs == 4 * (600 * 601 // 2) * 320
+    assert c.hbm_read_byte == 4 * 600 * 320 * 2
+    assert c.hbm_write_byte == 4 * 5 * 128 * 128 * 2  # the output, in 5 query blocks of 128 rows
+    # With a prefix of 400 the same 600 new tokens do 600 x 400 more pairs per head, and take longer.
+    p = mla_prefill_attention_cost(model, 600, 1000, s)
+    assert p.macs == c.macs + 4 * 600 * 400 * 320
+    assert p.hbm_read_byte == 4 * 1000 * 320 * 2
+    assert p.duration_ps > c.duration_ps
+    with pytest.raises(ValueError, match="tokens <= kv_len"):
+        mla_prefill_attention_cost(model, 8, 4, s)
 
 
 # [CM] v2 table 10 (SPEC.md 3): INT8 grouped GEMM, BF16 output, 128 x 152 tiles, one die.
@@ -209,7 +238,28 @@ def test_the_schema_knows_the_operators():
             "cmemu.dtype": "int8", "cmemu.cores": 8}
     jsonschema.validate(doc(good), schema)
     jsonschema.validate(doc({"cmemu.op": "mla_attention", "cmemu.tokens": 8, "cmemu.kv_len": 512}), schema)
+    jsonschema.validate(doc({"cmemu.op": "mla_prefill_attention", "cmemu.tokens": 8, "cmemu.kv_len": 512}), schema)
     for bad in ({**good, "num_ops": 5}, {"cmemu.op": "gemm", "cmemu.m": 1, "cmemu.n": 1},
+                {"cmemu.op": "mla_prefill_attention", "cmemu.tokens": 8},
                 {"cmemu.op": "rmsnorm", "cmemu.rows": 0, "cmemu.cols": 3}, {"cmemu.op": "nope"}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(doc(bad), schema)
+
+
+def test_mla_prefill_attention_in_a_trace(tmp_path):
+    from cmemu.errors import TraceError
+    from cmemu.run import run_trace
+
+    def run(attrs):
+        nodes = [{"id": 7, "type": "COMP", "rank": 0, "attrs": {"cmemu.op": "mla_prefill_attention", **attrs}}]
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps({"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini",
+                                    "nodes": nodes}))
+        return run_trace(path, progress=False)
+
+    r = run({"cmemu.tokens": 256, "cmemu.kv_len": 384, "cmemu.heads": 16, "cmemu.cores": 8})
+    model = DieModel.of(load_system("mini").die)
+    assert int(np.asarray(r.op_end_ps)[0]) == mla_prefill_attention_cost(model, 256, 384, MLAShape(heads=16),
+                                                                         cores=8).duration_ps
+    with pytest.raises(TraceError, match=r"node 7: field 'cmemu.kv_len': .*fewer than cmemu.tokens"):
+        run({"cmemu.tokens": 256, "cmemu.kv_len": 128})

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cmemu.die.gemm import gemm_accesses, gemm_cost, gemm_instructions, gemm_program, plan
-from cmemu.die.l2 import lru_run
+from cmemu.die.l2 import lru_miss_byte, lru_run
 from cmemu.die.model import DieModel, cost_params
 from cmemu.die.pipeline import Program, run_program
 from cmemu.die.template import Template, expand
@@ -109,6 +109,25 @@ def test_lru_native_matches_reference(seed):
     np.testing.assert_array_equal(lru_run(obj, size, 1500, 50), lru_run.py_func(obj, size, 1500, 50))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_lru_miss_byte_native_matches_reference(seed):
+    rng = np.random.default_rng(seed)
+    obj = rng.integers(0, 50, 2000).astype(np.int64)
+    size = rng.integers(1, 100, 2000).astype(np.int64)
+    np.testing.assert_array_equal(lru_miss_byte(obj, size, 1500, 50), lru_miss_byte.py_func(obj, size, 1500, 50))
+    # Objects read at one size: misses are lru_run's, in bytes.
+    fixed = rng.integers(1, 100, 50).astype(np.int64)[obj]
+    hits = lru_run(obj, fixed, 1500, 50)
+    np.testing.assert_array_equal(lru_miss_byte(obj, fixed, 1500, 50), np.where(hits, 0, fixed))
+
+
+def test_lru_miss_byte_by_hand():
+    # Capacity 10: object 0 read 4 B (miss 4), then 7 B (3 beyond its 4), then 5 B (hit), object
+    # 1 read 6 B evicts it (7 + 6 > 10), and object 0 misses whole again.
+    miss = lru_miss_byte(np.array([0, 0, 0, 1, 0]), np.array([4, 7, 5, 6, 7]), 10, 2)
+    assert list(miss) == [4, 3, 0, 6, 7]
+
+
 def test_lru_by_hand():
     # Capacity 3 objects of size 1: 0 1 2 0 (hit) 3 (evicts 1) 0 (hit) 1 (miss: was evicted).
     hits = lru_run(np.array([0, 1, 2, 0, 3, 0, 1]), np.ones(7, dtype=np.int64), 3, 4)
@@ -166,3 +185,14 @@ def test_mla_attention_native_matches_reference(model, tokens, kv, heads, cores)
     shape = MLAShape(heads=heads)
     assert (mla_attention_cost(model, tokens, kv, shape, cores=cores)
             == mla_attention_cost(model, tokens, kv, shape, cores=cores, native=False))
+
+
+@settings(max_examples=10, deadline=None)
+@given(tokens=st.integers(1, 700), prefix=st.integers(0, 700), heads=st.sampled_from([1, 4, 16]),
+       cores=st.integers(1, 24))
+def test_mla_prefill_attention_native_matches_reference(model, tokens, prefix, heads, cores):
+    from cmemu.die.mla import MLAShape, mla_prefill_attention_cost
+
+    shape = MLAShape(heads=heads)
+    assert (mla_prefill_attention_cost(model, tokens, tokens + prefix, shape, cores=cores)
+            == mla_prefill_attention_cost(model, tokens, tokens + prefix, shape, cores=cores, native=False))

@@ -43,10 +43,10 @@ def test_op_counts_per_layer():
     cfg = PrefillConfig(ep=8, attn_tp=4, requests=8, prompt_len=128, layers=3)  # 2 requests per group and mb
     doc = prefill_trace(cfg, "mini", 32)
     names = [n["name"] for n in doc["nodes"]]
-    # Per die and micro-batch: 5 SP prologue ops, the all-gather, one attention per request of the
-    # group (2), the all-to-all, o_proj and the FFN norm (11); a dense layer adds 3 FFN ops, a MoE
-    # layer the gate, dispatch, 3 expert ops and combine (6).
-    per_die_mb = {"dense": 11 + 3, "moe": 11 + 6}
+    # Per die and micro-batch: 6 SP prologue ops, the all-gather, q_up, kv_up and the queries'
+    # RoPE, one attention per request of the group (2), the all-to-all, o_proj and the FFN norm
+    # (15); a dense layer adds 3 FFN ops, a MoE layer the gate, dispatch, 3 expert ops and combine (6).
+    per_die_mb = {"dense": 15 + 3, "moe": 15 + 6}
     assert cfg.dense_layers == 2 and cfg.tokens_per_die == 2 * 128 // 4
     layers = 8 * 2 * (2 * per_die_mb["dense"] + per_die_mb["moe"])
     # Sampling: a group's 2 requests end at tokens 127 and 255 of its 256, on its dies 1 and 3
@@ -56,7 +56,8 @@ def test_op_counts_per_layer():
     assert sum(n.endswith(".dispatch") for n in names) == 8 * 2 * 1
     assert sorted({n["rank"] for n in doc["nodes"] if n["name"].endswith(".lm_head")}) == [1, 3, 5, 7]
     att = next(n for n in doc["nodes"] if n["name"].endswith(".attention"))
-    assert att["attrs"] == {"cmemu.op": "mla_prefill", "cmemu.tokens": 128, "cmemu.heads": 128 // 4}
+    assert att["attrs"] == {"cmemu.op": "mla_prefill_attention", "cmemu.tokens": 128, "cmemu.kv_len": 128,
+                            "cmemu.heads": 128 // 4}
     # Ten experts per die: EP8 routes over 80 experts; 8 routed + the shared one.
     disp = next(n for n in doc["nodes"] if n["name"].endswith(".dispatch"))
     assert disp["attrs"]["cmemu.experts"] == 80 and disp["attrs"]["cmemu.top_k"] == 9
@@ -110,12 +111,13 @@ def test_reuse_skips_compute_and_fetches_kv(mini, small_run):
     cfg = PrefillConfig(layers=2, reuse=0.5, **SMALL)
     doc, r = _run(mini, cfg)
     assert cfg.reused_tokens == 128 and cfg.new_tokens == 128 and cfg.tokens_per_die == 32
-    att = {n["attrs"]["cmemu.tokens"] for n in doc["nodes"] if n["name"].endswith(".attention")}
-    assert att == {128}
+    att = {(n["attrs"]["cmemu.tokens"], n["attrs"]["cmemu.kv_len"]) for n in doc["nodes"]
+           if n["name"].endswith(".attention")}
+    assert att == {(128, 256)}  # the new half attends to itself and to the reused half
     q = {n["attrs"]["cmemu.m"] for n in doc["nodes"] if n["name"].endswith(".q_down")}
     assert q == {32}
     # The reused KV is loaded instead: 128 tokens x 576 B (INT8) per layer, micro-batch and die
-    # (one request per group and micro-batch), and attention waits for it.
+    # (one request per group and micro-batch), and its up-projection (then attention) waits for it.
     loads = [n for n in doc["nodes"] if n["type"] == "MEM_LOAD"]
     assert len(loads) == 8 * 2 * 2
     assert {n["attrs"]["tensor_size"] for n in loads} == {128 * 576}
@@ -123,12 +125,44 @@ def test_reuse_skips_compute_and_fetches_kv(mini, small_run):
     bf16 = prefill_trace(PrefillConfig(layers=1, reuse=0.5, int8=False, **SMALL), "mini", 32)
     assert {n["attrs"]["tensor_size"] for n in bf16["nodes"] if n["type"] == "MEM_LOAD"} == {128 * 1152}
     for rank in range(8):
-        f, a = _ops(r, "L1.mb1.kv_fetch", rank)[0], _ops(r, "L1.mb1.attention", rank)[0]
+        f, a = _ops(r, "L1.mb1.kv_fetch", rank)[0], _ops(r, "L1.mb1.kv_up", rank)[0]
         assert r.op_end_ps[f] <= r.op_start_ps[a] and r.op_end_ps[f] > r.op_start_ps[f]
-    # Half the attention work is skipped (its causal triangle is a quarter): it takes less time.
+    # A quarter of the attention work is skipped (the reused half's own causal triangle): it
+    # takes less time.
     d0 = [r0.op_end_ps[i] - r0.op_start_ps[i] for i in _ops(r0, "L0.mb0.attention")]
     d1 = [r.op_end_ps[i] - r.op_start_ps[i] for i in _ops(r, "L0.mb0.attention")]
     assert max(d1) < min(d0)
+
+
+# DeepSeek-R1 MACs per token (SPEC.md 2.7): q_a 7168 -> 1536, kv_a 7168 -> 512 + 64, q_b 1536 ->
+# 128 x (128 + 64), kv_b 512 -> 128 x (128 + 128), o_proj 128 x 128 -> 7168.
+Q_A, KV_A, Q_B, KV_B, O = 7168 * 1536, 7168 * 576, 1536 * 128 * 192, 512 * 128 * 256, 128 * 128 * 7168
+
+
+def test_every_projection_is_counted_once(mini):
+    from cmemu.die.ops import node_cost
+
+    # 4 requests of 256 tokens, half reused: 128 new tokens each go through q_a, kv_a, q_b and
+    # o_proj once; kv_b also rebuilds the reused half's K and V from its cached latents.
+    cfg = PrefillConfig(layers=2, reuse=0.5, **SMALL)
+    doc = prefill_trace(cfg, "mini", 32)
+    new, prompt, req = cfg.new_tokens, cfg.prompt_len, cfg.requests
+    layer = [n for n in doc["nodes"] if n["name"].startswith("L1.") and n["type"] == "COMP"]
+    attn_part = [n for n in layer if n["name"].rsplit(".", 1)[1] in
+                 ("rmsnorm_in", "q_down", "rmsnorm_q", "kv_down", "rmsnorm_kv", "rope_k", "q_up", "kv_up", "rope_q",
+                  "attention", "o_proj")]
+    gemms = [n for n in attn_part if n["attrs"]["cmemu.op"] == "gemm"]
+    trace_macs = sum(n["attrs"]["cmemu.m"] * n["attrs"]["cmemu.n"] * n["attrs"]["cmemu.k"] for n in gemms)
+    proj = req * new * (Q_A + KV_A + Q_B + O) + req * prompt * KV_B
+    assert trace_macs == proj == 4 * 128 * (11_010_048 + 4_128_768 + 37_748_736 + 117_440_512) + 4 * 256 * 16_777_216
+    # The die model's MACs over the layer's attention part: the projections once, plus causal
+    # attention (each new token over the 128 reused positions, itself and the new ones before it,
+    # 192 + 128 MACs per head and pair); the attention op holds no projection of its own.
+    att_macs = req * 128 * (new * (prompt - new) + new * (new + 1) // 2) * (192 + 128)
+    die = mini.die
+    model_macs = sum(node_cost(die, n["attrs"]).macs for n in attn_part)
+    assert model_macs == proj + att_macs
+    assert sum(node_cost(die, n["attrs"]).macs for n in attn_part if n["name"].endswith(".attention")) == att_macs
 
 
 def test_micro_batches_overlap(small_run):

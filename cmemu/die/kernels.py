@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cmemu.die.l2 import lru_run
+from cmemu.die.l2 import lru_miss_byte
 from cmemu.die.model import AIC_PIPES, AIV_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size, finish_cost
 from cmemu.die.pipeline import run_program
 from cmemu.die.template import Template, expand
@@ -274,7 +274,9 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
 
     check_size("this attention", (int(np.sum(kv_blocks_of_unit)) + units) * len(tpl.pipe))
     kv_bytes_of_block = kv_len_of_block * (d_qk if kv_shared else d_qk + d_v) * ib
-    hits = (lru_run if native else lru_run.py_func)(
+    # A block may be read in part first (up to a causal diagonal), then whole: the L2 holds the
+    # part, HBM gives the rest.
+    miss_b = (lru_miss_byte if native else lru_miss_byte.py_func)(
         np.ascontiguousarray(kv_object_of_block, dtype=np.int64), np.ascontiguousarray(kv_bytes_of_block, dtype=np.int64),
         model.l2_capacity_byte, int(kv_object_of_block.max()) + 1)
     # Steps: unit u has kv_blocks_of_unit[u] + 1 of them; step i computes QK of block i (if
@@ -294,15 +296,15 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     var_lat[:, q_ld] = np.where(first, l2lat, 0)
     kv_b = np.zeros(n_steps, dtype=np.int64)
     kv_b[qk_on] = kv_bytes_of_block
-    hit_s = np.zeros(n_steps, dtype=bool)
-    hit_s[qk_on] = hits
-    miss_s = qk_on & ~hit_s
-    var_busy[:, kv_fetch] = np.where(miss_s, _fetch_busy(model, kv_b), 0)
+    fetch_b = np.zeros(n_steps, dtype=np.int64)
+    fetch_b[qk_on] = miss_b
+    miss_s = fetch_b > 0
+    var_busy[:, kv_fetch] = np.where(miss_s, _fetch_busy(model, fetch_b), 0)
     var_lat[:, kv_fetch] = np.where(miss_s, model.hbm_read_latency_cycles, 0)
     var_busy[:, kv_ld] = np.where(qk_on, model.die.mte2_startup_cycles + -(-kv_b * 1000 // hit_r), 0)
     var_lat[:, kv_ld] = np.where(qk_on, l2lat, 0)
-    hit_b = int(kv_bytes_of_block[hits].sum())
-    rd = int(kv_bytes_of_block[~hits].sum())
+    rd = int(miss_b.sum())
+    hit_b = int(kv_bytes_of_block.sum()) - rd
     last = step_i == nbk
     out_bytes = half * d_v * ib
     store = d.mte3_startup_cycles + ceil_div(out_bytes, d.mte3_byte_per_cycle)

@@ -7,9 +7,13 @@ whole lines) decides. So reuse becomes hits when the working set between two use
 misses when it does not: hits and misses come from the schedule, not from a hit-rate parameter.
 Outputs are written through the cache (write-allocate) and take space like anything else.
 
-Left out: set associativity and conflict misses, partial-object hits, prefetch, and other ops or
-streams sharing the cache at the same time.
-``lru_run`` is the Numba kernel; ``lru_run.py_func`` its pure-Python reference.
+``lru_miss_byte`` is the same LRU for reads of an object's first bytes (a KV block read up to a
+causal diagonal, then whole): a resident object read longer than it is misses only the bytes
+beyond it, and grows.
+
+Left out: set associativity and conflict misses, prefetch, and other ops or streams sharing the
+cache at the same time.
+``lru_run`` and ``lru_miss_byte`` are Numba kernels; their ``py_func`` the pure-Python references.
 """
 from __future__ import annotations
 
@@ -66,6 +70,62 @@ def lru_run(obj, nbytes, capacity, n_objects):
             else:
                 head = -1
     return hits
+
+
+@njit(cache=True)
+def lru_miss_byte(obj, nbytes, capacity, n_objects):
+    """Bytes of each access ``obj[i]`` (reading the object's first ``nbytes[i]`` bytes) not in an
+    LRU of ``capacity`` bytes: all of them if the object is not resident, else those beyond its
+    resident length, which grows to the longest read (objects larger than the cache never stay)."""
+    n = obj.shape[0]
+    prev = np.full(n_objects, -1, dtype=np.int64)
+    nxt = np.full(n_objects, -1, dtype=np.int64)
+    size = np.zeros(n_objects, dtype=np.int64)
+    head = -1
+    tail = -1
+    used = 0
+    miss = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        o = obj[i]
+        b = nbytes[i]
+        s = size[o]
+        if s > 0:
+            miss[i] = max(b - s, 0)
+            p = prev[o]
+            q = nxt[o]
+            if p >= 0:
+                nxt[p] = q
+            else:
+                head = q
+            if q >= 0:
+                prev[q] = p
+            else:
+                tail = p
+            used -= s
+        else:
+            miss[i] = b
+        size[o] = max(s, b)
+        used += size[o]
+        prev[o] = -1
+        nxt[o] = head
+        if head >= 0:
+            prev[head] = o
+        head = o
+        if tail < 0:
+            tail = o
+        while used > capacity and tail >= 0:
+            t = tail
+            p = prev[t]
+            used -= size[t]
+            size[t] = 0
+            prev[t] = -1
+            nxt[t] = -1
+            tail = p
+            if p >= 0:
+                nxt[p] = -1
+            else:
+                head = -1
+    return miss
 
 
 def simulate(objects, sizes, capacity_byte: int, n_objects: int | None = None, native: bool = True):

@@ -10,17 +10,30 @@ ops of their own):
   attention: per token, all heads at once against the compressed cache (kv_lora + rope values
   per position, K and V the same latent), flash-style in KV blocks (kernels.attention_cost);
   epilogue: W_uv per head (kv_lora -> v_head). The output projection is a separate op (gemm).
-Prefill (not absorbed; one sequence of ``tokens``, causal): the same projections, kv_b
-  projection to per-head K (nope) and V, RoPE, then attention per head in query blocks of 128
-  rows against the KV blocks at or before them.
+Prefill (not absorbed; the last ``tokens`` of a causal sequence of ``kv_len`` positions, the
+  earlier ones a reused prefix whose K and V are given): the same projections, kv_b projection to
+  per-head K (nope) and V, RoPE, then attention per head in query blocks of 128 rows against the
+  KV blocks at or before them (``mla_prefill_cost``; ``mla_prefill_attention_cost`` is the
+  attention alone, for traces that write the projections and RoPE as ops of their own).
+
+Causal masking works on whole tiles: a KV block wholly after a query block's last row is
+skipped; a block the diagonal crosses is computed whole by the cube and masked in the softmax on
+the AIVs (the time of a full tile, as on the hardware), and only the KV positions below the
+query block's last row are loaded. MACs count the useful work alone: per query row, its own
+position and those before it (the lower triangle, diagonal included), times heads x (192 + 128).
 
 Projections run as int8 GEMMs with bf16 output (SPEC.md 2.8: everything large is INT8); the
 attention matmuls in the op's dtype (bf16 default). Left out: the KV cache write of the new
-token, MTP, split-KV across cores (one token's blocks stay on one cluster).
+token, MTP, split-KV across cores (one token's blocks stay on one cluster). In prefill each
+head's K carries the 64 rope values every head shares: they travel with that head's KV block,
+so the L2 model (objects per head and block) charges their first HBM read once per head, not
+once: (heads - 1) x 64 values per position too many HBM bytes, under a fifth of the op's KV
+reads (the op is cube-bound at 128 query rows, so its time hardly moves). Q is loaded at the L2
+rate, as in decode: the projection that wrote it ran just before.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -136,34 +149,64 @@ def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape =
     return _combine("mla_decode", model, phases, aic, aiv, dtype)
 
 
+def prefill_attention_macs(tokens: int, kv_len: int, shape: MLAShape = MLAShape()) -> int:
+    """Useful MACs of causal prefill attention: the last ``tokens`` of ``kv_len`` positions, each
+    query row against its own position and every one before it, Q K^T (192) and P V (128) per
+    head."""
+    prefix = kv_len - tokens
+    pairs = tokens * prefix + tokens * (tokens + 1) // 2
+    return shape.heads * pairs * (shape.qk_nope + shape.qk_rope + shape.v_head)
+
+
+def mla_prefill_attention_cost(model: DieModel, tokens: int, kv_len: int | None = None,
+                               shape: MLAShape = MLAShape(), dtype: str = "bf16", cores: int | None = None,
+                               native: bool = True) -> OpCost:
+    """The attention of non-absorbed MLA prefill alone (no projections, no RoPE): per head, the
+    last ``tokens`` of a causal sequence of ``kv_len`` positions (default ``tokens``: no prefix)
+    attend to their own K/V and a reused prefix's, flash-style in query blocks of 128 rows.
+    Q (192 values per head), K (192) and V (128) are read from GM, as the trace's q_b and kv_b
+    projections and RoPE left them."""
+    aic = _mla_cores(model, cores)
+    kv_len = tokens if kv_len is None else kv_len
+    if tokens <= 0 or kv_len < tokens:
+        raise ValueError(f"MLA prefill attention needs 0 < tokens <= kv_len, got tokens {tokens}, kv_len {kv_len}")
+    s = shape
+    d_qk = s.qk_nope + s.qk_rope
+    ib = DTYPE_BYTES[dtype]
+    prefix = kv_len - tokens
+    bq = min(PREFILL_Q_BLOCK, tokens)
+    blk = _kv_block(model, bq, d_qk, d_qk + s.v_head, dtype)
+    nq = ceil_div(tokens, bq)
+    # Causal: query block q (rows up to hi, after the prefix) sees the KV blocks holding the
+    # positions below prefix + hi; the block the diagonal crosses is loaded up to that row.
+    hi = prefix + np.minimum(tokens, (np.arange(nq, dtype=np.int64) + 1) * bq)
+    per_q = -(-hi // blk)
+    check_size("this prefill attention", s.heads * int(per_q.sum()) * 64)
+    kv_blocks = np.tile(per_q, s.heads)
+    q_of = np.repeat(np.arange(nq), per_q)
+    b_of = np.arange(int(per_q.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_q) - per_q, per_q)
+    lens = np.tile(np.minimum(blk, hi[q_of] - b_of * blk), s.heads)
+    objs = np.repeat(np.arange(s.heads, dtype=np.int64), len(b_of)) * ceil_div(kv_len, blk) + np.tile(b_of, s.heads)
+    cost = attention_cost(model, "mla_prefill_attention", s.heads * nq, kv_blocks, bq, d_qk, s.v_head, blk,
+                          lens.astype(np.int64), False, dtype, objs, bq * d_qk * ib, aic, native)
+    # attention_cost counts whole loaded blocks; the masked part of diagonal tiles is no work.
+    return replace(cost, macs=prefill_attention_macs(tokens, kv_len, s))
+
+
 def mla_prefill_cost(model: DieModel, tokens: int, shape: MLAShape = MLAShape(), dtype: str = "bf16",
                      cores: int | None = None, native: bool = True) -> OpCost:
-    """MLA prefill of one causal sequence of ``tokens`` (not absorbed) on ``cores`` AIC."""
+    """MLA prefill of one causal sequence of ``tokens`` (not absorbed) on ``cores`` AIC: the
+    prologue (input RMSNorm, q_a, q_b, kv_a projections, RMSNorms, RoPE), the kv_b projection
+    and ``mla_prefill_attention_cost``, back to back."""
     aic = _mla_cores(model, cores)
     if tokens <= 0:
         raise ValueError(f"MLA prefill needs tokens > 0, got {tokens}")
     aiv = 2 * aic
     s = shape
-    d_qk = s.qk_nope + s.qk_rope
-    ib = DTYPE_BYTES[dtype]
-    bq = min(PREFILL_Q_BLOCK, tokens)
-    blk = _kv_block(model, bq, d_qk, d_qk + s.v_head, dtype)
-    nq = ceil_div(tokens, bq)
-    # Causal: query block q (rows up to hi) sees the KV blocks holding positions below hi.
-    hi = np.minimum(tokens, (np.arange(nq, dtype=np.int64) + 1) * bq)
-    per_q = -(-hi // blk)
-    check_size("this prefill attention", s.heads * int(per_q.sum()) * 64)
+    attn = mla_prefill_attention_cost(model, tokens, tokens, s, dtype, aic, native)  # first: it refuses huge ops
     phases = _prologue(model, tokens, s, aic, aiv, native, absorbed=False)
     # kv_b: latent -> per-head K nope and V.
     phases.append(gemm_cost(model, tokens, s.heads * (s.qk_nope + s.v_head), s.kv_lora_rank, 1, "int8",
                             cores=aic, native=native, op="kv_b_proj"))
-    kv_blocks = np.tile(per_q, s.heads)
-    q_of = np.repeat(np.arange(nq), per_q)
-    b_of = np.arange(int(per_q.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_q) - per_q, per_q)
-    lens = np.tile(np.minimum(blk, hi[q_of] - b_of * blk), s.heads)
-    objs = np.repeat(np.arange(s.heads, dtype=np.int64), len(b_of)) * ceil_div(tokens, blk) + np.tile(b_of, s.heads)
-    attn = attention_cost(model, "mla_attention", s.heads * nq, kv_blocks, bq, d_qk, s.v_head, blk,
-                          lens.astype(np.int64), False, dtype, objs,
-                          bq * d_qk * ib, aic, native)
     phases.append(attn)
     return _combine("mla_prefill", model, phases, aic, aiv, dtype)

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from cmemu.die.gemm import gemm_cost
 from cmemu.die.kernels import VECTOR_OPS, generic_cost, vector_cost
-from cmemu.die.mla import MLAShape, mla_attention_cost, mla_decode_cost, mla_prefill_cost
+from cmemu.die.mla import MLAShape, mla_attention_cost, mla_decode_cost, mla_prefill_attention_cost, mla_prefill_cost
 from cmemu.die.model import DieModel, OpCost
 from cmemu.trace.ir import COMP_OPS
 
@@ -49,6 +49,9 @@ def _cost(die, key) -> OpCost:
     if op == "mla_prefill":
         shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
         return mla_prefill_cost(model, a["cmemu.tokens"], shape, dtype, cores)
+    if op == "mla_prefill_attention":
+        shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
+        return mla_prefill_attention_cost(model, a["cmemu.tokens"], a["cmemu.kv_len"], shape, dtype, cores)
     if op in VECTOR_OPS:
         return vector_cost(model, op, a["cmemu.rows"], a["cmemu.cols"], cores, dtype=dtype)
     raise ValueError(f"unknown cmemu.op {op!r} (known: {', '.join(OPS)})")

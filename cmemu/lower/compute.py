@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from cmemu.errors import TraceError
 from cmemu.spec.model import DieSpec
+from cmemu.trace.ir import CLUSTER_OPS
 from cmemu.units import ns_to_ps
 
 
@@ -24,7 +25,7 @@ def _check_cores(node, die: DieSpec, path: str) -> None:
     if cores > total:
         raise TraceError(path, f"{cores} cores requested, the die has {total} {unit.upper()} cores", node.id,
                          "cmemu.cores")
-    if op in ("mla_decode", "mla_attention", "mla_prefill") and 2 * cores > die.aiv_cores:
+    if op in CLUSTER_OPS and 2 * cores > die.aiv_cores:
         raise TraceError(path, f"{cores} AIC need {2 * cores} AIV beside them, the die has {die.aiv_cores}",
                          node.id, "cmemu.cores")
 

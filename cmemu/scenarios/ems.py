@@ -59,7 +59,7 @@ def prefill_compute_ps(die, tokens: int, prompt: int, layers: int) -> int:
     per_layer = (t("gemm", m=tokens, n=Q_LORA, k=HIDDEN) + t("gemm", m=tokens, n=HEADS * (QK_NOPE + QK_ROPE), k=Q_LORA)
                  + t("gemm", m=tokens, n=KV_LORA + QK_ROPE, k=HIDDEN)
                  + t("gemm", m=tokens, n=HEADS * (QK_NOPE + V_HEAD), k=KV_LORA)
-                 + t("mla_prefill", tokens=tokens, heads=HEADS, dtype="bf16")
+                 + t("mla_prefill_attention", tokens=tokens, kv_len=tokens, heads=HEADS, dtype="bf16")
                  + t("gemm", m=tokens, n=HIDDEN, k=HEADS * V_HEAD)
                  + t("grouped_gemm", m=tokens * EXPERTS_PER_TOKEN, n=2 * EXPERT_FFN, k=HIDDEN, groups=1)
                  + t("grouped_gemm", m=tokens * EXPERTS_PER_TOKEN, n=HIDDEN, k=EXPERT_FFN, groups=1))

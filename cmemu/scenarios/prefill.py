@@ -25,9 +25,10 @@ from cmemu.scenarios.decode import _exposed, _union
 from cmemu.trace.deepseek import DENSE_LAYERS, LAYERS, PrefillConfig, prefill_trace
 
 CLASSES = (
-    ("mla_prolog_sp", ("rmsnorm_in", "q_down", "rmsnorm_q", "kv_down", "rmsnorm_kv")),
+    ("mla_prolog_sp", ("rmsnorm_in", "q_down", "rmsnorm_q", "kv_down", "rmsnorm_kv", "rope_k")),
     ("attn_gather", ("attn_gather",)),
     ("kv_fetch", ("kv_fetch",)),
+    ("mla_prolog_tp", ("q_up", "kv_up", "rope_q")),
     ("attention", ("attention",)),
     ("attn_a2a", ("attn_a2a",)),
     ("o_proj", ("o_proj",)),

@@ -288,13 +288,18 @@ def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
     Per layer and micro-batch, on each die of the EP group:
 
     - SP (sequence parallel): the die's share of its TP group's new tokens: input RMSNorm, the
-      down projections q_a (7168 -> 1536) and kv_a (7168 -> 512 + 64), RMSNorms of the latents;
+      down projections q_a (7168 -> 1536) and kv_a (7168 -> 512 + 64), RMSNorms of the latents,
+      RoPE of the shared rope key (64 values per token);
     - ALL_GATHER over the die's attention TP group of those latents (1536 + 576 values per token,
       BF16): every die of the group now has all its requests' tokens;
-    - TP (tensor parallel over heads): with a context-cache hit, a MEM_LOAD of the group's reused
-      KV (576 B per token and layer in INT8; on a copy stream of its own, micro-batches + i, so it
-      is prefetched during the SP stage), then per request ``mla_prefill`` over its new tokens with
-      128 / attn_tp heads (not absorbed: kv_b up-projection, RoPE, causal attention);
+    - TP (tensor parallel over heads, 128 / attn_tp of them): with a context-cache hit, a
+      MEM_LOAD of the group's reused KV latents (576 B per token and layer in INT8; on a copy
+      stream of its own, micro-batches + i, so it is prefetched during the SP stage); the up
+      projections for the die's heads, not absorbed: q_b (1536 -> heads x 192) of the new tokens
+      and kv_b (512 -> heads x (128 + 128)) of the new and the reused tokens (the prefix's K and V
+      are rebuilt from its cached latents); RoPE of the queries; then per request
+      ``mla_prefill_attention``: its new tokens, causal, over their own KV and the reused prefix
+      (``kv_len`` = prompt length);
     - ALL_TO_ALL over the group: each die gets back its own tokens' attention output for all
       heads (BF16, 128 values per head);
     - SP again: the output projection, then a dense FFN (layers 0-2) or gate, MoE dispatch
@@ -312,9 +317,9 @@ def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
     The MoE routes each token to 9 distinct experts of 10 x EP (8 routed + the shared expert,
     which has a copy on every die and is drawn like the others, as in decode); each die holds 10.
     The last token of every request goes through the LM head and a softmax (the first output
-    token). Simplifications (docs/model.md): ``mla_prefill`` includes the down projections and
-    input RMSNorm, so the TP stage repeats them for the group's tokens; new tokens attend only
-    to new tokens (the reused prefix's KV is loaded but its attention is not computed).
+    token). Every projection is an op of its own and runs once per token (q_a and kv_a on the
+    token's SP die, q_b and kv_b on each die of its TP group for that die's heads); the attention
+    op does attention alone. Simplifications: docs/model.md.
     """
     cfg.check(dies)
     ranks = list(range(cfg.ep))
@@ -356,6 +361,7 @@ def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
                 a = comp(r, mb, f"{tag}.rmsnorm_q", "rmsnorm", [a], rows=S, cols=Q_LORA)
                 a = comp(r, mb, f"{tag}.kv_down", "gemm", [a], m=S, n=KV_LATENT, k=HIDDEN, dtype=wdt)
                 a = comp(r, mb, f"{tag}.rmsnorm_kv", "rmsnorm", [a], rows=S, cols=KV_LORA)
+                a = comp(r, mb, f"{tag}.rope_k", "rope", [a], rows=S, cols=QK_ROPE)
                 a = coll(r, mb, f"{tag}.attn_gather", f"tp{r // G}", [a], comm_type="ALL_GATHER",
                          comm_size=S * latent_byte, **{"cmemu.engine": "sdma"})
                 if cfg.reused_tokens:
@@ -365,8 +371,14 @@ def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
                     a = [a, kv]
                 else:
                     a = [a]
+                a = [comp(r, mb, f"{tag}.q_up", "gemm", a, m=r_g * cfg.new_tokens, n=heads * (QK_NOPE + QK_ROPE),
+                          k=Q_LORA, dtype=wdt)]
+                a = [comp(r, mb, f"{tag}.kv_up", "gemm", a, m=r_g * cfg.prompt_len, n=heads * (QK_NOPE + V_HEAD),
+                          k=KV_LORA, dtype=wdt)]
+                a = [comp(r, mb, f"{tag}.rope_q", "rope", a, rows=r_g * cfg.new_tokens * heads, cols=QK_ROPE)]
                 for q in range(r_g):
-                    a = [comp(r, mb, f"{tag}.attention", "mla_prefill", a, tokens=cfg.new_tokens, heads=heads)]
+                    a = [comp(r, mb, f"{tag}.attention", "mla_prefill_attention", a, tokens=cfg.new_tokens,
+                              kv_len=cfg.prompt_len, heads=heads)]
                 a = coll(r, mb, f"{tag}.attn_a2a", f"tp{r // G}", a, comm_type="ALL_TO_ALL",
                          comm_size=S * heads * V_HEAD * 2, **{"cmemu.engine": "sdma"})
                 a = comp(r, mb, f"{tag}.o_proj", "gemm", [a], m=S, n=HIDDEN, k=HEADS * V_HEAD, dtype=wdt)

@@ -55,12 +55,15 @@ COMP_OPS = {
     "mla_decode": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
     "mla_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
     "mla_prefill": ("aic", ("cmemu.tokens",), ("cmemu.heads",)),
+    "mla_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
     "rmsnorm": _ROWS_COLS,
     "rope": _ROWS_COLS,
     "swiglu": _ROWS_COLS,
     "softmax": _ROWS_COLS,
     "quant_int8": _ROWS_COLS,
 }
+# Ops that run on clusters of 1 AIC + 2 AIV: cmemu.cores counts the AIC, each holds its 2 AIV.
+CLUSTER_OPS = frozenset({"mla_decode", "mla_attention", "mla_prefill", "mla_prefill_attention"})
 COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile_m", "cmemu.tile_n",
                     "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.rows", "cmemu.cols")
 COMM_PLANES = ("ub", "rdma", "vpc")
@@ -836,6 +839,11 @@ def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
         if key in COMP_SHAPE_ATTRS and key not in allowed:
             err(i, f"{pre}does not apply to cmemu.op \"{op}\" (its shape: "
                 f"{', '.join(required + optional)})", label, key)
+    if op == "mla_prefill_attention":
+        tokens, kv_len = raw.get("cmemu.tokens"), raw.get("cmemu.kv_len")
+        if isinstance(tokens, int) and isinstance(kv_len, int) and kv_len < tokens:
+            err(i, f"{pre}{kv_len} is fewer than cmemu.tokens ({tokens}): the queries are the last "
+                "cmemu.tokens of the cmemu.kv_len positions", label, "cmemu.kv_len")
     if "cmemu.unit" in raw and raw["cmemu.unit"] != unit:
         err(i, f"{pre}cmemu.op \"{op}\" runs on {unit}; leave cmemu.unit out", label, "cmemu.unit")
     attrs["cmemu.unit"] = unit
