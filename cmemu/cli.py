@@ -93,8 +93,12 @@ def main():
               help="Width of the time bins of the per-link byte and busy-time counters, in ns (0: off).")
 @click.option("--fail", multiple=True, metavar="PART",
               help="Take a part out of service: link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID (repeatable).")
+@click.option("--pipe-intervals", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Most busy intervals per COMP op and pipe in /tasks (the die model's tile schedule merged; "
+                   "fewer when a big run would pass 4 million rows).")
 @reports_errors
-def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail):
+def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
+        pipe_intervals):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
     from cmemu.run import run_trace
 
@@ -103,7 +107,8 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
         output = Path(stem + ".h5")
     r = run_trace(trace, system=system, overrides=overrides, output=output,
                   native=(engine == "native"), progress=not quiet, max_memory_bytes=max_memory,
-                  compression=compression, detail=detail, link_bin_ns=link_bin_ns, fail=fail)
+                  compression=compression, detail=detail, link_bin_ns=link_bin_ns, fail=fail,
+                  pipe_intervals=pipe_intervals)
     if quiet:
         return
     L = r.lowered

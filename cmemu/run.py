@@ -24,6 +24,10 @@ from cmemu.units import ns_to_ps
 
 DEFAULT_SYSTEM = "cloudmatrix384"
 DEFAULT_LINK_BIN_NS = 10_000  # per-link counters in bins of 10 us (0 turns them off)
+# /tasks: the die model's busy intervals per COMP op and pipe (cmemu run --pipe-intervals), and the
+# most rows they may take in all (about 33 B each; the limit per op is halved until they fit).
+DEFAULT_PIPE_INTERVALS = 16
+MAX_PIPE_TASK_ROWS = 4_000_000
 EVENTS_PER_SLICE = 1 << 20
 PROGRESS_AFTER_S = 2.0
 # The engine's clock is an int64 count of picoseconds; a run whose worst case could pass 2**62 ps
@@ -38,6 +42,9 @@ PARSE_BYTES_PER_FILE_BYTE = 16
 NODE_BYTES = 640
 OP_BYTES = 400  # lowered per-op arrays, engine state, timeline rows and the op's name
 COMP_BYTES = 400  # a COMP the die model times: its pipe-occupancy rows (up to 7), lowering to /tasks
+# Its pipe busy intervals (up to 6 pipes x --pipe-intervals, at most MAX_PIPE_TASK_ROWS in all):
+# 33 B per /tasks row, and the arrays they are built from and concatenated with.
+PIPE_ROW_BYTES = 100
 EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
 MESSAGE_BYTES = 800  # lowered and engine per-message arrays, the lists they are built from
 LINK_BYTES = 200  # topology, fabric and engine per-link arrays, VOQ heads and tails
@@ -119,7 +126,19 @@ class MemoryEstimate:
                 f"{format_bytes(self.arrays_bytes)}, event queue {format_bytes(self.event_queue_bytes)})")
 
 
-def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimate:
+def _pipes_of(op) -> int:
+    """Pipes of /tasks a COMP op can have intervals on (cmemu/die): a generic op streams on
+    MTE2 and computes on one unit; a GEMM uses the AIC's four; vector ops the AIV's three;
+    attention both."""
+    if op is None:
+        return 2
+    if op in ("gemm", "grouped_gemm"):
+        return 4
+    return 6 if op.startswith("mla") else 3
+
+
+def estimate_memory(trace, topo: Topology, native: bool = True,
+                    pipe_intervals: int = DEFAULT_PIPE_INTERVALS) -> MemoryEstimate:
     """Peak memory of replaying a loaded trace, from its counts of ops, dependencies and messages.
 
     Packets do not scale it: the engine makes them as it injects them, and each endpoint has at
@@ -132,7 +151,7 @@ def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimat
 
     spec = topo.spec
     ops = len(trace.nodes)
-    edges = messages = packets = comps = 0
+    edges = messages = packets = comps = pipe_slots = 0
     mtu = {"ub": spec.ub.transport_mtu_byte, "rdma": spec.rdma.mtu_byte, "vpc": spec.vpc.mtu_byte}
     groups = trace.header.get("groups", {})
     chunk = ub_chunk_byte(spec.die)
@@ -144,6 +163,8 @@ def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimat
             packets += max(1, -(-size // mtu[node.attrs.get("cmemu.plane", "ub")]))
         elif node.type == "COMP":
             comps += 1
+            if "cmemu.duration_ns" not in node.attrs:
+                pipe_slots += _pipes_of(node.attrs.get("cmemu.op"))
         elif node.type == "COMM_COLL":
             # A member's internal ops and messages (cmemu/lower/collectives.py): per (token,
             # expert) pair a load share and a write for MoE, per destination its pieces otherwise,
@@ -162,7 +183,9 @@ def estimate_memory(trace, topo: Topology, native: bool = True) -> MemoryEstimat
             messages += writes + g
             packets += writes * max(1, -(-size // spec.ub.transport_mtu_byte)) + g
     live = min(packets, topo.num_endpoints * spec.ub.max_outstanding_packets)
-    arrays = (ops * OP_BYTES + comps * COMP_BYTES + edges * EDGE_BYTES + messages * MESSAGE_BYTES
+    pipe_rows = min(pipe_slots * int(pipe_intervals), MAX_PIPE_TASK_ROWS)
+    arrays = (ops * OP_BYTES + comps * COMP_BYTES + pipe_rows * PIPE_ROW_BYTES + edges * EDGE_BYTES
+              + messages * MESSAGE_BYTES
               + topo.num_links * LINK_BYTES + 2 * live * PACKET_BYTES + packets * TRAFFIC_BYTES)
     queue = 2 * (ops + messages + live + topo.num_links + topo.num_endpoints) * EVENT_BYTES
     if not native:
@@ -223,6 +246,12 @@ class RunResult:
     packets_sent: int = 0  # packet transmissions, one per packet per link
     packets_lost: int = 0  # packets lost on links that failed during the run (and sent again)
     hbm_series: dict | None = None  # {"bin_ps", "die", "bin", "bytes"}: HBM bytes per die and time bin
+    # {"bin_ps", "stacks", "die", "stack", "bin", "bytes"}: the same per HBM stack (sums to hbm_series)
+    hbm_stack_series: dict | None = None
+    # {"dispatch_op", "combine_op"}: each MOE_COMBINE with the MOE_DISPATCH it returns the tokens of
+    moe_pairs: dict | None = None
+    pipe_tasks: dict | None = None  # the COMP ops' pipe intervals (pipe_interval_tasks), /tasks rows
+    pipe_intervals: int | None = None  # at most this many per COMP op and pipe in pipe_tasks
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
@@ -387,6 +416,7 @@ def run_trace(
     link_bin_ns: float = DEFAULT_LINK_BIN_NS,
     spec: SystemSpec | None = None,
     fail=(),
+    pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
 
@@ -403,6 +433,8 @@ def run_trace(
 
         check_detail(detail)  # before the run: an unwritable detail level should not cost a run
         check_compression(compression)
+    if int(pipe_intervals) < 1:
+        raise CmemuError(f"--pipe-intervals must be at least 1, got {pipe_intervals}")
     limit = default_memory_limit() if max_memory_bytes is None else int(max_memory_bytes)
     trace_path = Path(trace_path)
     _check_file_size(trace_path, limit)
@@ -413,7 +445,7 @@ def run_trace(
     topo = build_topology(spec)
     trace = load_trace(trace_path, num_ranks=spec.dies, read=read)
     del read  # the parsed document: the checked nodes hold all the run needs
-    need = estimate_memory(trace, topo, native=native)
+    need = estimate_memory(trace, topo, native=native, pipe_intervals=pipe_intervals)
     if need.total_bytes > limit:
         raise MemoryLimitError(
             f"{trace_path}: {need.describe()}, more than the memory limit of {format_bytes(limit)}; "
@@ -450,6 +482,8 @@ def run_trace(
         packets_lost=int(getattr(engine, "packets_lost", 0)),
     )
     check_invariants(full)
+    if lowered.pipe_task_op.size:
+        full.pipe_tasks, full.pipe_intervals = pipe_interval_tasks(full, pipe_intervals)
     result = trace_result(full)
     result.wall_time_s = time.perf_counter() - t0
     if output is not None:
@@ -492,18 +526,157 @@ def _trace_failures(trace) -> tuple[list[str], list[tuple[int, str]]]:
     return static, timed
 
 
-def _hbm_series(full: RunResult) -> dict | None:
-    """Each op's HBM bytes spread evenly over its run, per die and bin (the link counters' bins)."""
+def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
+    """Each op's HBM bytes spread evenly over its run, per die, stack and bin (the link counters'
+    bins): (per-die series, per-stack series). The bytes of an op go to the stacks as the
+    address interleave puts a contiguous region at address 0 (``cmemu.die.hbm.stack_bytes``; the
+    trace gives no addresses); the per-die series is the per-stack one summed, so both agree."""
     from cmemu._core.binning import bin_intervals
+    from cmemu.die.hbm import HBMParams, stack_bytes
 
     if full.link_series is None:
-        return None
+        return None, None
     L = full.lowered
     has = np.flatnonzero(L.op_hbm_bytes > 0)
     bin_ps = int(full.link_series["bin_ps"])
-    die, b, nbytes = bin_intervals(L.op_rank[has], full.op_start_ps[has], full.op_end_ps[has],
-                                   L.op_hbm_bytes[has], bin_ps)
-    return {"bin_ps": bin_ps, "die": die, "bin": b, "bytes": nbytes}
+    hp = HBMParams.from_die(full.spec.die)
+    stacks = hp.stacks
+    share = stack_bytes(hp, L.op_hbm_bytes[has])  # [ops, stacks]
+    keys = (L.op_rank[has].astype(np.int64)[:, None] * stacks + np.arange(stacks)[None, :]).ravel()
+    rep = lambda a: np.repeat(a, stacks)  # noqa: E731
+    key, b, nbytes = bin_intervals(keys, rep(full.op_start_ps[has]), rep(full.op_end_ps[has]), share.ravel(), bin_ps)
+    keep = nbytes > 0
+    key, b, nbytes = key[keep], b[keep], nbytes[keep]
+    die, stack = key // stacks, key % stacks
+    order = np.lexsort((stack, b, die))  # by die, bin, stack: the stacks of a (die, bin) side by side
+    die, stack, b, nbytes = die[order], stack[order], b[order], nbytes[order]
+    per_stack = {"bin_ps": bin_ps, "stacks": stacks, "die": die.astype(np.int32), "stack": stack.astype(np.int8),
+                 "bin": b, "bytes": nbytes}
+    # Sum the stacks of each (die, bin).
+    pair = die.astype(np.int64) * (int(b.max()) + 1 if b.size else 1) + b
+    first = np.ones(pair.size, dtype=bool)
+    first[1:] = pair[1:] != pair[:-1]
+    starts = np.flatnonzero(first)
+    per_die = {"bin_ps": bin_ps, "die": die[starts].astype(np.int32), "bin": b[starts],
+               "bytes": np.add.reduceat(nbytes, starts) if starts.size else nbytes[:0]}
+    return per_die, per_stack
+
+
+def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
+                        max_rows: int | None = None) -> tuple[dict, int]:
+    """The die model's pipe busy intervals of every COMP op it timed, as /tasks rows (pipe codes
+    of ``output.schema.PIPE_CODE``, times in ps, bytes 0), and the intervals per op and pipe
+    they were merged to (``cmemu.die.intervals.op_pipe_intervals``).
+
+    At most ``max_intervals`` per op and pipe (``DEFAULT_PIPE_INTERVALS``); if the run would
+    then hold more than ``max_rows`` rows (``MAX_PIPE_TASK_ROWS``), the limit is halved until it
+    fits or is 1, so that a big run's /tasks stays bounded (a warning says so)."""
+    import warnings
+
+    from cmemu.die.intervals import op_pipe_intervals
+    from cmemu.die.ops import node_cost
+    from cmemu.output.schema import PIPE_CODE
+
+    n_max = DEFAULT_PIPE_INTERVALS if max_intervals is None else int(max_intervals)
+    if n_max < 1:
+        raise ValueError(f"pipe intervals per op and pipe must be at least 1, got {n_max}")
+    cap = MAX_PIPE_TASK_ROWS if max_rows is None else int(max_rows)
+    L = full.lowered
+    die = full.spec.die
+    ops = np.unique(L.pipe_task_op)
+    nodes = full.trace.nodes
+    # Ops of one shape share one (memoised) cost: work per distinct cost, then repeat.
+    costs, cost_of = [], np.empty(ops.size, dtype=np.int64)
+    index = {}
+    for k, op in enumerate(ops.tolist()):
+        c = node_cost(die, nodes[op].attrs)
+        u = index.get(id(c))
+        if u is None:
+            u = index[id(c)] = len(costs)
+            costs.append(c)
+        cost_of[k] = u
+    uses = np.bincount(cost_of, minlength=len(costs))
+
+    def table(n):
+        rows = []
+        for c in costs:
+            iv = op_pipe_intervals(c, n)
+            names = [p for p in iv if p in PIPE_CODE]
+            pipe = np.concatenate([np.full(iv[p][0].size, PIPE_CODE[p], dtype=np.uint8) for p in names]) if names \
+                else np.zeros(0, np.uint8)
+            s = np.concatenate([iv[p][0] for p in names]) if names else np.zeros(0)
+            e = np.concatenate([iv[p][1] for p in names]) if names else np.zeros(0)
+            rows.append((pipe, s, e))
+        return rows
+
+    rows = table(n_max)
+    n = n_max
+    while n > 1 and int(sum(len(r[0]) * k for r, k in zip(rows, uses))) > cap:
+        n //= 2
+        rows = table(n)
+    if n < n_max:
+        warnings.warn(f"the pipe intervals of {ops.size:,} COMP ops would pass {cap:,} rows at {n_max} per op "
+                      f"and pipe; /tasks keeps at most {n} per op and pipe", stacklevel=2)
+    count = np.array([len(r[0]) for r in rows], dtype=np.int64)[cost_of]
+    first = np.concatenate([[0], np.cumsum([len(r[0]) for r in rows])])
+    pipe_all = np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.uint8)
+    s_all = np.concatenate([r[1] for r in rows]) if rows else np.zeros(0)
+    e_all = np.concatenate([r[2] for r in rows]) if rows else np.zeros(0)
+    op_rep = np.repeat(ops, count)
+    # Row j of op k is row (j - first row of op k) of its cost's table.
+    local = np.arange(op_rep.size) - np.repeat(np.cumsum(count) - count, count)
+    src = np.repeat(first[cost_of], count) + local
+    cycle_ps = 1e6 / die.ai_core_clock_mhz
+    begin = full.op_start_ps[op_rep]
+    stop = full.op_end_ps[op_rep]
+    start_ps = np.minimum(begin + np.round(s_all[src] * cycle_ps).astype(np.int64), stop)
+    end_ps = np.minimum(begin + np.round(e_all[src] * cycle_ps).astype(np.int64), stop)
+    return ({"die": L.op_rank[op_rep].astype(np.int32), "pipe": pipe_all[src].astype(np.uint8),
+             "op": op_rep.astype(np.int32), "start_ps": start_ps, "end_ps": end_ps,
+             "bytes": np.zeros(op_rep.size, dtype=np.int64)}, n)
+
+
+MOE_PAIR_WALK_LIMIT = 4096  # ops a combine's dependencies are searched through for its dispatch
+
+
+def moe_pairs(trace) -> dict:
+    """Each MOE_COMBINE of the trace with the MOE_DISPATCH whose tokens it brings back: the
+    dispatch of the same rank and group (``cmemu.group``) nearest to it through its data and
+    control dependencies (breadth first, at most MOE_PAIR_WALK_LIMIT ops; stream order is not
+    followed, as a stream may hold the next micro-batch's dispatch before this one's combine).
+    A combine with no such dispatch is left out. Rows of the trace's ops, one per pair."""
+    from collections import deque
+
+    nodes = trace.nodes
+    index = {node.id: i for i, node in enumerate(nodes)}
+
+    def kind(node):
+        return node.attrs.get("comm_type") if node.type == "COMM_COLL" else None
+
+    disp, comb = [], []
+    for c, node in enumerate(nodes):
+        if kind(node) != "MOE_COMBINE":
+            continue
+        group = node.attrs.get("cmemu.group")
+        seen = {c}
+        todo = deque([c])
+        found = -1
+        while todo and found < 0 and len(seen) <= MOE_PAIR_WALK_LIMIT:
+            n = nodes[todo.popleft()]
+            for d in list(n.data_deps) + list(n.ctrl_deps):
+                j = index[d]
+                if j in seen:
+                    continue
+                seen.add(j)
+                m = nodes[j]
+                if kind(m) == "MOE_DISPATCH" and m.rank == node.rank and m.attrs.get("cmemu.group") == group:
+                    found = j
+                    break
+                todo.append(j)
+        if found >= 0:
+            disp.append(found)
+            comb.append(c)
+    return {"dispatch_op": np.asarray(disp, dtype=np.int32), "combine_op": np.asarray(comb, dtype=np.int32)}
 
 
 def trace_result(full: RunResult) -> RunResult:
@@ -524,18 +697,15 @@ def trace_result(full: RunResult) -> RunResult:
         parts.append({"die": L.op_rank[inner].astype(np.int32), "pipe": L.op_lane[inner].astype(np.uint8),
                       "op": L.op_parent[inner].astype(np.int32), "start_ps": full.op_start_ps[inner],
                       "end_ps": full.op_end_ps[inner], "bytes": L.op_bytes[inner]})
-    if L.pipe_task_op.size:  # the die model's pipe occupancy of each COMP op, from its start
-        op = L.pipe_task_op
-        begin = full.op_start_ps[op]
-        parts.append({"die": L.op_rank[op].astype(np.int32), "pipe": L.pipe_task_pipe, "op": op.astype(np.int32),
-                      "start_ps": begin, "end_ps": np.minimum(begin + L.pipe_task_busy_ps, full.op_end_ps[op]),
-                      "bytes": np.zeros(op.size, dtype=np.int64)})
+    if L.pipe_task_op.size:  # the die model's pipe busy intervals of each COMP op
+        parts.append(full.pipe_tasks if full.pipe_tasks is not None else pipe_interval_tasks(full)[0])
     if parts:
         tasks = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    hbm_die, hbm_stack = _hbm_series(full)
     return dataclasses.replace(
         full, lowered=view, op_start_ps=start[:nt], op_end_ps=full.op_end_ps[:nt], tasks=tasks,
         msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],
-        hbm_series=_hbm_series(full),
+        hbm_series=hbm_die, hbm_stack_series=hbm_stack, moe_pairs=moe_pairs(full.trace),
         fabric_messages=L.num_messages, fabric_packets=int(full.msg_packets.sum()),
         fabric_bytes=int(L.msg_bytes.sum()),
     )

@@ -97,7 +97,9 @@ def test_estimate_bounds_what_a_run_allocates(tmp_path, doc, native):
             native=native, link_series=engine.link_series(),
             msg_packets=np.asarray(engine.msg_packets, dtype=np.int64),
             msg_delivered_ps=np.asarray(engine.msg_delivered_ps), packets_sent=int(engine.packets_sent))
-        write_timeline(tmp_path / "t.h5", result)
+        if L.pipe_task_op.size:  # as run_trace: the COMP ops' pipe intervals, then the user's view
+            result.pipe_tasks, result.pipe_intervals = R.pipe_interval_tasks(result)
+        write_timeline(tmp_path / "t.h5", R.trace_result(result))
         peak = tracemalloc.get_traced_memory()[1] - before
     finally:
         tracemalloc.stop()

@@ -214,3 +214,48 @@ def test_assign_lanes_partitions_overlaps_only_where_needed():
     assert lanes.tolist() == [0, 1, 0, 0, 0, 1]
     # No track overlaps: all lane 0, whatever the order.
     assert assign_lanes(np.array([3, 3]), np.array([5, 0]), np.array([9, 5])).tolist() == [0, 0]
+
+
+@pytest.fixture(scope="module")
+def decode_h5(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pf") / "decode.h5"
+    run_trace(TRACES / "deepseek_r1_decode_mini_2layers.json", output=path, progress=False)
+    return path
+
+
+def test_dispatch_to_combine_flows_and_hbm_counters(decode_h5, tmp_path):
+    """v4: one arrow per rank and MoE exchange, from the dispatch to the combine of the same
+    layer and micro-batch on that rank; HBM counters per die and per stack beside the links'."""
+    out = tmp_path / "d.json.gz"
+    info = export_perfetto(decode_h5, out)
+    doc = load(out)
+    by = validate(doc)  # paired ids, sorted timestamps, each end bound inside a slice of its thread
+    with open_timeline(decode_h5) as t:
+        pairs = t.moe_pairs()
+        ops = t.ops()
+        stacks = t.hbm_stacks
+        hbm = t.hbm_bins()
+    moe_s = [e for e in by["s"] if e["cat"] == "moe"]
+    moe_f = {e["id"]: e for e in by["f"] if e["cat"] == "moe"}
+    assert len(moe_s) == len(moe_f) == len(pairs) == info.moe_flows == 128  # 32 ranks x 2 layers x 2 mb
+    names = np.asarray(ops["name"])
+    x_at = {(e["pid"], e["tid"], ps(e["ts"])): e["name"] for e in by["X"] if e["cat"] == "COMM_COLL"}
+    for s in moe_s:
+        f = moe_f[s["id"]]
+        assert s["pid"] == f["pid"] and f["ts"] >= s["ts"]
+        assert x_at[(s["pid"], s["tid"], ps(s["ts"]))].endswith(".dispatch")
+    for d, c in zip(pairs["dispatch_op"], pairs["combine_op"]):
+        assert names[d].removesuffix("dispatch") == names[c].removesuffix("combine")
+    assert "128 dispatch->combine" in doc["otherData"]["moe_flows"]
+    # Counters: the die's HBM and each of its stacks, GB/s from the bins.
+    c = [e for e in by["C"] if e["pid"] == 1]
+    got = {e["name"] for e in c}
+    assert {"HBM GB/s"} | {f"HBM stack {k} GB/s" for k in range(stacks)} <= got
+    assert any(n.startswith("link ") for n in got)
+    bin_ps = int(hbm["start_ps"][1] // hbm["bin"][1]) if hbm["bin"][1] else None
+    first = [e for e in c if e["name"] == "HBM GB/s"][0]
+    row = [i for i in range(len(hbm)) if hbm["die"][i] == 0][0]
+    assert first["args"]["GB/s"] == pytest.approx(float(hbm["gbyte_per_s"][row]), rel=1e-5)
+    assert bin_ps is None or ps(first["ts"]) == hbm["bin"][row] * bin_ps
+    per_stack = [e for e in c if e["name"].startswith("HBM stack") and e["ts"] == first["ts"]]
+    assert sum(e["args"]["GB/s"] for e in per_stack) == pytest.approx(first["args"]["GB/s"], rel=1e-5)

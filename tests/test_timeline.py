@@ -65,8 +65,16 @@ def tiny():
     return dataclasses.replace(run_trace(TINY, progress=False), tasks=None, link_series=None)
 
 
+def synthetic_moe_pairs(r) -> dict:
+    """A dispatch/combine pair the writer accepts: the first two ops of one rank."""
+    rank = r.lowered.op_rank
+    first = np.flatnonzero(rank == rank[0])[:2]
+    return {"dispatch_op": first[:1].astype(np.int32), "combine_op": first[1:2].astype(np.int32)}
+
+
 def with_records(r, **kw):
-    return dataclasses.replace(r, **{"tasks": synthetic_tasks(r), "link_series": synthetic_link_series(r), **kw})
+    return dataclasses.replace(r, **{"tasks": synthetic_tasks(r), "link_series": synthetic_link_series(r),
+                                     "moe_pairs": synthetic_moe_pairs(r), **kw})
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +112,8 @@ def test_round_trip_every_dataset(tiny, tiny_full):
     order = np.lexsort((series["link"], series["bin"]))  # stored sorted by bin, then link
     for k in ("link", "bin", "bytes", "busy_ps"):
         expected[f"links/binned/{k}"] = series[k][order]
+    for k, v in synthetic_moe_pairs(r).items():
+        expected[f"moe_pairs/{k}"] = v
     with h5py.File(tiny_full) as f:
         stored = []
         f.visititems(lambda name, obj: stored.append(name) if isinstance(obj, h5py.Dataset) else None)
@@ -305,6 +315,52 @@ def test_v1_file_still_reads(tiny, tiny_full):
         n_old = len(old.links())
         assert n_old == 1104 and len(new.links()) == 1104 + 84
         assert list(old.links()["kind"]) == list(new.links()["kind"][:n_old])
+
+
+def test_v3_file_reads_and_says_what_it_lacks(tiny_full, tmp_path):
+    """A v3 file (no per-stack HBM bins, no /moe_pairs) still reads; asking for what it lacks
+    names the version that added it."""
+    path = tmp_path / "v3.h5"
+    path.write_bytes(Path(tiny_full).read_bytes())
+    with h5py.File(path, "r+") as f:
+        f.attrs["version"] = 3
+        del f["moe_pairs"]
+        if "dies/hbm_stack_binned" in f:
+            del f["dies/hbm_stack_binned"]
+    with open_timeline(path) as t:
+        assert t.version == 3 and len(t.ops()) == 12
+        assert t.hbm_stack_bins() is None and not t.has_moe_pairs()
+        with pytest.raises(TimelineError, match=r"no /moe_pairs: this file has layout version 3, /moe_pairs came "
+                                                r"with version 4"):
+            t.moe_pairs()
+
+
+def test_hbm_stack_bins_add_up_to_the_die_bins(tiny, tmp_path):
+    """Per-stack HBM bytes (v4) sum to the per-die bins, and each op's bytes are split as the
+    interleave puts them (cmemu.die.hbm.stack_bytes)."""
+    from cmemu.die.hbm import HBMParams, stack_bytes
+
+    assert tiny.hbm_stack_series is not None
+    path = hdf5.write_timeline(tmp_path / "s.h5", tiny)
+    with Timeline(path, as_numpy=True) as t:
+        per_die, per_stack = t.hbm_bins(), t.hbm_stack_bins()
+        assert t.hbm_stacks == tiny.spec.die.hbm_stacks == 4
+    want = {}
+    for d, b, n in zip(per_die["die"], per_die["bin"], per_die["bytes"]):
+        want[(d, b)] = n
+    got = {}
+    for d, b, n in zip(per_stack["die"], per_stack["bin"], per_stack["bytes"]):
+        got[(d, b)] = got.get((d, b), 0) + n
+    assert got == want and per_stack["stack"].max() < 4
+    hp = HBMParams.from_die(tiny.spec.die)
+    L = tiny.lowered
+    total = stack_bytes(hp, L.op_hbm_bytes).sum(axis=0)
+    by_stack = np.bincount(per_stack["stack"], weights=per_stack["bytes"], minlength=4)
+    assert by_stack.tolist() == total.tolist()
+    # The writer refuses stacks that do not add up to the die.
+    bad = dict(tiny.hbm_stack_series, bytes=tiny.hbm_stack_series["bytes"] + 1)
+    with pytest.raises(ValueError, match="stacks of die"):
+        hdf5.write_timeline(tmp_path / "bad.h5", dataclasses.replace(tiny, hbm_stack_series=bad))
 
 
 def test_unknown_version_is_refused_clearly(tiny_full, tmp_path):

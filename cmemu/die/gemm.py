@@ -31,7 +31,7 @@ from numba import njit
 
 from cmemu.die.l2 import lru_run
 from cmemu.die.model import AIC_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size, cost_params, finish_cost
-from cmemu.die.pipeline import Scratch, run_program
+from cmemu.die.pipeline import Scratch, named_spans, pipe_spans, run_program
 
 # Indices into the cost table (cmemu.die.model.cost_params).
 (P_MTE2_START, P_MTE1_START, P_CUBE_START, P_FIX_START, P_MTE1_A_RATE, P_MTE1_B_RATE, P_FIX_RATE,
@@ -322,8 +322,12 @@ def gemm_cost(model: DieModel, m: int, n: int, k: int, groups: int = 1, dtype: s
             _SCRATCH.get("dep_ptr", n_ins + 1), _SCRATCH.get("dep_idx", 3 * n_ins))
     j, e, macs, hit_b, miss_b, write_b = prog(ta, cores, hits, cost_params(model), *bufs)
     pipe, busy, lat, dep_ptr, dep_idx = bufs[0][:j], bufs[1][:j], bufs[2][:j], bufs[3][:j + 1], bufs[4][:e]
-    _, finish, pipe_busy = run_program(pipe, busy, lat, dep_ptr, dep_idx, cores * len(AIC_PIPES) + 1, native,
-                                       _SCRATCH)
+    start, finish, pipe_busy = run_program(pipe, busy, lat, dep_ptr, dep_idx, cores * len(AIC_PIPES) + 1, native,
+                                           _SCRATCH)
     pipe_busy = np.asarray(pipe_busy)[:-1].reshape(cores, len(AIC_PIPES)).sum(axis=0)
-    return finish_cost(model, op, int(finish.max()), cores, 0, {f"AIC.{p}": int(b) for p, b in zip(AIC_PIPES, pipe_busy)},
-                       int(miss_b), int(write_b), int(hit_b), int(macs), 0, model.macs_per_cycle(dtype))
+    names = [f"AIC.{p}" for p in AIC_PIPES]
+    # Pipe p of core c is c * 4 + p; the last pipe is the die's HBM (not a core's pipe).
+    spans = named_spans(names, pipe_spans(pipe, start, busy, len(AIC_PIPES), cores * len(AIC_PIPES),
+                                          native=native))
+    return finish_cost(model, op, int(finish.max()), cores, 0, dict(zip(names, (int(b) for b in pipe_busy))),
+                       int(miss_b), int(write_b), int(hit_b), int(macs), 0, model.macs_per_cycle(dtype), spans)

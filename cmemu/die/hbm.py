@@ -51,6 +51,7 @@ class HBMParams:
     write_latency_fabric_ps: int
     pin_peak_byte_per_s: float
     timing: tuple  # indexed by T_*
+    stacks: int = 1  # PCs are numbered stack by stack: PC p is on stack p // (pseudo_channels // stacks)
 
     @classmethod
     def from_die(cls, die) -> "HBMParams":
@@ -88,6 +89,7 @@ class HBMParams:
             write_latency_fabric_ps=wr_fabric,
             pin_peak_byte_per_s=die.hbm_pin_peak_byte_per_s,
             timing=tuple(timing),
+            stacks=die.hbm_stacks,
         )
 
     @property
@@ -215,6 +217,38 @@ def map_granules(hp: HBMParams, granule_index: np.ndarray):
     bank = group * banks_in_group + bank_in_group
     row = r // hp.banks
     return pc, bank, row
+
+
+def stack_of_pc(hp: HBMParams, pc):
+    """The stack a pseudo-channel belongs to. PCs are numbered channel by channel and channels
+    stack by stack (PC p is in channel p // PCs-per-channel, and stack p // PCs-per-stack)."""
+    return np.asarray(pc, dtype=np.int64) // (hp.pseudo_channels // hp.stacks)
+
+
+def stack_bytes(hp: HBMParams, nbytes, base_byte: int = 0) -> np.ndarray:
+    """Bytes of a contiguous region of ``nbytes`` starting at ``base_byte`` that fall on each
+    stack: int64 ``[len(nbytes), stacks]``, each row summing to its ``nbytes``.
+
+    From the interleave (``map_granules``): granule g goes to PC g % PCs, so one *period* of
+    PCs x granule bytes (32 KiB for 64 PCs of 512 B) visits every PC once, and stack s owns the
+    contiguous ``PCs-per-stack x granule`` bytes at offset ``s x PCs-per-stack x granule`` of
+    every period. A region therefore gives each stack the same bytes per whole period it covers;
+    only its part period, at most one period's bytes, can be uneven. Exact for any size, in
+    closed form (no per-granule loop), for regions of any length.
+    """
+    nbytes = np.asarray(nbytes, dtype=np.int64)
+    per_stack = hp.pseudo_channels // hp.stacks * hp.granule_byte  # a stack's share of a period
+    period = per_stack * hp.stacks
+    lo = np.int64(base_byte) + np.zeros_like(nbytes)
+    hi = lo + nbytes
+    s = np.arange(hp.stacks, dtype=np.int64)[None, :]
+
+    def below(x):
+        # bytes of stack s in [0, x): whole periods, then the part of the last one
+        x = x[:, None]
+        return x // period * per_stack + np.clip(x % period - s * per_stack, 0, per_stack)
+
+    return below(hi) - below(lo)
 
 
 def _pc_requests(hp: HBMParams, kind: str, access_byte: int, pattern: str, n_access: int, seed: int):

@@ -12,7 +12,7 @@ import numpy as np
 
 from cmemu.die.l2 import lru_miss_byte
 from cmemu.die.model import AIC_PIPES, AIV_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size, finish_cost
-from cmemu.die.pipeline import run_program
+from cmemu.die.pipeline import named_spans, pipe_spans, run_program
 from cmemu.die.template import Template, expand
 
 ACC_BYTES = 4
@@ -64,9 +64,11 @@ def _run(model, tpl: Template, block_cluster, var_busy, var_lat, n_clusters, nat
                np.ascontiguousarray(var_busy, dtype=np.int64), np.ascontiguousarray(var_lat, dtype=np.int64),
                n_clusters)
     own = n_clusters * tpl.pipes_per_cluster
-    _, finish, busy = run_program(*prog, own + tpl.shared_pipes, native=native)
+    start, finish, busy = run_program(*prog, own + tpl.shared_pipes, native=native)
     busy = np.asarray(busy)[:own].reshape(n_clusters, tpl.pipes_per_cluster).sum(axis=0)
-    return int(finish.max()) if len(finish) else 0, busy
+    # Per position in the cluster, the busy intervals of all clusters (the shared HBM left out).
+    spans = pipe_spans(prog[0], start, prog[1], tpl.pipes_per_cluster, own, native=native)
+    return int(finish.max()) if len(finish) else 0, busy, spans
 
 
 # ----------------------------------------------------------------------------------- vector ops
@@ -126,9 +128,10 @@ def vector_cost(model: DieModel, op: str, rows: int, cols: int, cores: int | Non
                          d.mte3_startup_cycles + -(-nout // d.mte3_byte_per_cycle)], axis=1)
     lats = [model.hbm_read_latency_cycles, model.l2_hit_latency_cycles, 0, model.l2_hit_latency_cycles]
     var_lat = np.tile(np.array(lats, dtype=np.int64), (n_blocks, 1))
-    makespan, busy = _run(model, tpl, block_cluster, var_busy, var_lat, busy_cores, native)
-    return finish_cost(model, op, makespan, 0, cores, {f"AIV.{p}": int(b) for p, b in zip(AIV_PIPES, busy)},
-                       rd, wr, 0, 0, rows * cols * in_b, 0)
+    makespan, busy, spans = _run(model, tpl, block_cluster, var_busy, var_lat, busy_cores, native)
+    names = [f"AIV.{p}" for p in AIV_PIPES]
+    return finish_cost(model, op, makespan, 0, cores, {n: int(b) for n, b in zip(names, busy)},
+                       rd, wr, 0, 0, rows * cols * in_b, 0, named_spans(names, spans))
 
 
 # ----------------------------------------------------------------------------------- matmul steps
@@ -320,14 +323,14 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     local = np.empty(n_steps, dtype=np.int64)
     local[by_cluster] = np.arange(n_steps) - np.repeat(np.cumsum(counts) - counts, counts)
     order = np.lexsort((step_cluster, local))
-    makespan, busy = _run(model, tpl, step_cluster[order], var_busy[order], var_lat[order], clusters, native)
+    makespan, busy, spans = _run(model, tpl, step_cluster[order], var_busy[order], var_lat[order], clusters, native)
     names = [f"AIC.{p}" for p in AIC_PIPES] + [f"AIV.{p}" for p in AIV_PIPES] * 2
     out = {}
     for nm, bsy in zip(names, busy):
         out[nm] = out.get(nm, 0) + int(bsy)
     macs = int(np.sum(kv_len_of_block)) * m * (d_qk + d_v)
     return finish_cost(model, op, makespan, clusters, 2 * clusters, out, rd, units * m * d_v * ib, hit_b, macs,
-                       0, model.macs_per_cycle(dtype))
+                       0, model.macs_per_cycle(dtype), named_spans(names, spans))
 
 
 # ----------------------------------------------------------------------------------- generic op
@@ -376,9 +379,10 @@ def generic_cost(model: DieModel, unit: str, num_ops: float, tensor_byte: int, d
             var_busy[rows, 1] = _mte2_busy(model, b, rate)
             var_lat[rows, 1] = model.l2_hit_latency_cycles
         var_busy[rows, 2] = int(np.ceil(ops_core / n_chunks / per_cycle))
-    makespan, busy = _run(model, tpl, cluster, var_busy, var_lat, cores, native)
+    makespan, busy, spans = _run(model, tpl, cluster, var_busy, var_lat, cores, native)
     pipes = ("MTE2", "CUBE") if unit == "aic" else ("MTE2", "VECTOR")
+    names = [f"{unit.upper()}.{p}" for p in pipes]
     peak = model.macs_per_cycle(dtype) if unit == "aic" else 0
     return finish_cost(model, "generic", makespan, cores if unit == "aic" else 0, cores if unit == "aiv" else 0,
-                       {f"{unit.upper()}.{p}": int(b) for p, b in zip(pipes, busy)}, int(tensor_byte), 0, 0,
-                       int(num_ops // 2) if unit == "aic" else 0, 0, peak)
+                       {n: int(b) for n, b in zip(names, busy)}, int(tensor_byte), 0, 0,
+                       int(num_ops // 2) if unit == "aic" else 0, 0, peak, named_spans(names, spans))

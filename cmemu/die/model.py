@@ -37,6 +37,11 @@ class OpCost:
     vector_byte: int = 0
     cube_peak_macs_per_cycle: int = 0  # of the cores used, for utilisation
     phases: tuple = ()  # the OpCosts of an op's phases, when it runs several back to back
+    # "AIC.CUBE" -> (start, end) int64 cycle arrays: when the pipe was busy on at least one of
+    # the op's cores, from the tile schedule, merged to at most pipeline.MAX_INTERVALS_PER_PIPE
+    # intervals (cmemu.die.intervals.op_pipe_intervals reads them); empty when not recorded.
+    pipe_intervals: Mapping = field(default_factory=lambda: MappingProxyType({}), compare=False, repr=False)
+    schedule_cycles: int = 0  # the tile schedule's makespan (duration_cycles may be longer: HBM, L2 bound)
 
     @property
     def cube_utilisation(self) -> float:
@@ -161,12 +166,15 @@ def hbm_cycles_for(model: DieModel, rd: float, wr: float) -> float:
     return max(pure, pure + (mixed - pure) * share)
 
 
-def finish_cost(model: DieModel, op, makespan_cycles, aic, aiv, busy, rd, wr, hit, macs, vec_b, peak) -> OpCost:
+def finish_cost(model: DieModel, op, makespan_cycles, aic, aiv, busy, rd, wr, hit, macs, vec_b, peak,
+                intervals=None) -> OpCost:
     """The op's duration: its pipelines' makespan, but never less than its HBM traffic needs at
-    the bandwidth the HBM model achieves, nor its L2 traffic at the L2's bandwidth."""
+    the bandwidth the HBM model achieves, nor its L2 traffic at the L2's bandwidth.
+    ``intervals``: the schedule's busy intervals per pipe (``pipeline.named_spans``)."""
     hbm_cycles = hbm_cycles_for(model, rd, wr)
     l2_cycles = (rd + wr + hit) / model.l2_byte_per_cycle
     cycles = int(max(makespan_cycles, np.ceil(hbm_cycles), np.ceil(l2_cycles)))
     return OpCost(op=op, duration_ps=model.cycles_to_ps(cycles), duration_cycles=cycles, aic_cores=aic,
                   aiv_cores=aiv, pipe_busy_cycles=MappingProxyType(dict(busy)), hbm_read_byte=rd, hbm_write_byte=wr, l2_hit_byte=hit,
-                  macs=macs, vector_byte=vec_b, cube_peak_macs_per_cycle=peak)
+                  macs=macs, vector_byte=vec_b, cube_peak_macs_per_cycle=peak,
+                  pipe_intervals=MappingProxyType(dict(intervals or {})), schedule_cycles=int(makespan_cycles))

@@ -110,3 +110,115 @@ class Program:
         n_pipes = cores * self.pipes_per_core
         start, finish, busy = run_program(*self.arrays(), n_pipes, native=native)
         return start, finish, np.asarray(busy).reshape(cores, self.pipes_per_core)
+
+
+# The busy intervals of a schedule, per pipe, as the timeline's /tasks shows them. A schedule
+# has one instruction per tile step and core (millions for a big GEMM); an op's cost keeps at
+# most this many intervals per pipe, the run fewer (cmemu run --pipe-intervals).
+MAX_INTERVALS_PER_PIPE = 64
+
+
+def merge_intervals(start, end, max_intervals: int = MAX_INTERVALS_PER_PIPE):
+    """(start, end) int64 arrays of the union of the intervals [start, end), sorted, reduced to
+    at most ``max_intervals`` by closing the smallest gaps between them (a closed gap counts as
+    busy: the merged intervals cover the busy time, and at most the closed gaps besides)."""
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    keep = end > start
+    start, end = start[keep], end[keep]
+    if start.size == 0:
+        return start, end
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    new = np.ones(start.size, dtype=bool)
+    new[1:] = start[1:] > reach[:-1]  # touching intervals merge
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, start.size - 1)
+    s, e = start[first], reach[last]
+    if max_intervals >= 1 and s.size > max_intervals:
+        gaps = s[1:] - e[:-1]
+        # Keep the max_intervals - 1 largest gaps (ties: the earlier), close the others.
+        keep_gap = np.zeros(gaps.size, dtype=bool)
+        keep_gap[np.lexsort((np.arange(gaps.size), -gaps))[:max_intervals - 1]] = True
+        starts = np.concatenate([[True], keep_gap])
+        ends = np.concatenate([keep_gap, [True]])
+        s, e = s[starts], e[ends]
+    return s, e
+
+
+@njit(cache=True)
+def union_by_position(pipe, start, busy, pipes_per_core, own_pipes):
+    """The union of the busy intervals [start, start + busy) of the instructions of each pipe
+    position (pipe p < own_pipes is at position p % pipes_per_core; pipes from own_pipes on are
+    shared by the die, the HBM, and left out; zero-length instructions too): (position, start,
+    end) of the disjoint intervals, sorted by position then start. ``py_func`` is the reference."""
+    n = pipe.shape[0]
+    m = 0
+    for j in range(n):
+        if pipe[j] < own_pipes and busy[j] > 0:
+            m += 1
+    idx = np.empty(m, dtype=np.int64)
+    key = np.empty(m, dtype=np.int64)
+    k = 0
+    span = 1
+    for j in range(n):
+        if start[j] + 1 > span:
+            span = start[j] + 1
+    for j in range(n):
+        if pipe[j] < own_pipes and busy[j] > 0:
+            idx[k] = j
+            key[k] = (pipe[j] % pipes_per_core) * span + start[j]
+            k += 1
+    order = np.argsort(key, kind="mergesort")
+    out_p = np.empty(m, dtype=np.int64)
+    out_s = np.empty(m, dtype=np.int64)
+    out_e = np.empty(m, dtype=np.int64)
+    r = -1
+    for q in range(m):
+        j = idx[order[q]]
+        p = pipe[j] % pipes_per_core
+        s = start[j]
+        e = s + busy[j]
+        if r >= 0 and out_p[r] == p and s <= out_e[r]:
+            if e > out_e[r]:
+                out_e[r] = e
+        else:
+            r += 1
+            out_p[r] = p
+            out_s[r] = s
+            out_e[r] = e
+    return out_p[:r + 1], out_s[:r + 1], out_e[:r + 1]
+
+
+def pipe_spans(pipe, start, busy, pipes_per_core: int, own_pipes: int,
+               max_intervals: int = MAX_INTERVALS_PER_PIPE, native: bool = True) -> list:
+    """Per pipe position p < pipes_per_core (pipe ``c * pipes_per_core + p`` of core or cluster
+    c; pipes from ``own_pipes`` on are the die's shared ones, such as the HBM, and left out), the
+    busy intervals of all cores' pipe p merged (``merge_intervals``): a list of (start, end)
+    cycle arrays, one per position."""
+    n = len(pipe)
+    fn = union_by_position if native else union_by_position.py_func
+    p, s, e = fn(np.asarray(pipe), np.asarray(start[:n], dtype=np.int64), np.asarray(busy[:n], dtype=np.int64),
+                 int(pipes_per_core), int(own_pipes))
+    bounds = np.searchsorted(p, np.arange(pipes_per_core + 1)).tolist()
+    out = []
+    for k in range(pipes_per_core):
+        a, b = bounds[k], bounds[k + 1]
+        if b - a > max_intervals:
+            out.append(merge_intervals(s[a:b], e[a:b], max_intervals))
+        else:
+            out.append((s[a:b], e[a:b]))
+    return out
+
+
+def named_spans(names, spans, max_intervals: int = MAX_INTERVALS_PER_PIPE) -> dict:
+    """{name: (start, end)} from per-position spans; positions of one name (the two AIVs of a
+    cluster) are merged."""
+    out = {}
+    for name, (s, e) in zip(names, spans):
+        if name in out:
+            s, e = merge_intervals(np.concatenate([out[name][0], s]), np.concatenate([out[name][1], e]),
+                                   max_intervals)
+        out[name] = (s, e)
+    return {k: v for k, v in out.items() if v[0].size}

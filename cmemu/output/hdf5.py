@@ -1,4 +1,4 @@
-"""The HDF5 timeline writer, layout version 2 (documented in docs/timeline-format.md).
+"""The HDF5 timeline writer, layout version 4 (documented in docs/timeline-format.md).
 
 Every dataset is one-dimensional (``/dies/busy_ps`` is two), chunked, and compressed as asked
 (gzip with the shuffle filter by default, lzf, or none). Data goes to the file one chunk at a
@@ -20,7 +20,7 @@ import numpy as np
 import cmemu
 from cmemu.lower import OP_TYPES
 from cmemu.output.schema import (
-    LINK_SERIES_FIELDS, HBM_SERIES_FIELDS,
+    LINK_SERIES_FIELDS, HBM_SERIES_FIELDS, HBM_STACK_SERIES_FIELDS, MOE_PAIR_FIELDS,
     PIPE_NAMES,
     TASK_FIELDS,
     TIMELINE_FORMAT,
@@ -145,6 +145,7 @@ def _write(f: h5py.File, r, w: _Writer, detail: str) -> None:
 
     _write_dies(f, r, spec, w)
     _write_tasks(f, r, w, detail)
+    _write_moe_pairs(f, r, w)
 
 
 def _write_dies(f, r, spec, w: _Writer) -> None:
@@ -172,6 +173,9 @@ def _write_dies(f, r, spec, w: _Writer) -> None:
     series = getattr(r, "hbm_series", None)
     if series is not None:
         _write_hbm_series(g, series, r, w)
+        stacks = getattr(r, "hbm_stack_series", None)
+        if stacks is not None:
+            _write_hbm_stack_series(g, stacks, series, r, w)
 
 
 def _write_hbm_series(dies, series, r, w: _Writer) -> None:
@@ -192,6 +196,63 @@ def _write_hbm_series(dies, series, r, w: _Writer) -> None:
     w.dataset(g, "die", die[order], doc="row in /dies")
     w.dataset(g, "bin", b[order], doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)")
     w.dataset(g, "bytes", cols["bytes"][order], unit="B", doc="HBM bytes read and written in the bin")
+
+
+def _write_hbm_stack_series(dies, series, per_die, r, w: _Writer) -> None:
+    cols = _columns("RunResult.hbm_stack_series", series, HBM_STACK_SERIES_FIELDS)
+    bin_ps, stacks = int(series.get("bin_ps", 0)), int(series.get("stacks", 0))
+    if bin_ps != int(per_die["bin_ps"]) or stacks <= 0:
+        raise ValueError(f"RunResult.hbm_stack_series: bin_ps ({bin_ps}) must be hbm_series' "
+                         f"({int(per_die['bin_ps'])}) and stacks ({stacks}) positive")
+    die, stack, b = cols["die"], cols["stack"], cols["bin"]
+    if die.size and (die.min() < 0 or die.max() >= r.spec.dies or stack.min() < 0 or stack.max() >= stacks
+                     or b.min() < 0 or cols["bytes"].min() < 0):
+        raise ValueError("RunResult.hbm_stack_series: die or stack outside the system, negative bin or bytes")
+    order = np.lexsort((stack, die, b))
+    # The stacks of each (die, bin) must add up to the per-die series.
+    nb = int(max(b.max() if b.size else 0, np.max(per_die["bin"]) if len(per_die["bin"]) else 0)) + 1
+    summed = np.zeros(r.spec.dies * nb, dtype=np.int64)
+    np.add.at(summed, die.astype(np.int64) * nb + b, cols["bytes"])
+    want = np.zeros_like(summed)
+    np.add.at(want, np.asarray(per_die["die"], dtype=np.int64) * nb + np.asarray(per_die["bin"], dtype=np.int64),
+              np.asarray(per_die["bytes"], dtype=np.int64))
+    bad = np.flatnonzero(summed != want)
+    if bad.size:
+        d, k = divmod(int(bad[0]), nb)
+        raise ValueError(f"RunResult.hbm_stack_series: the stacks of die {d} in bin {k} sum to {summed[bad[0]]} B, "
+                         f"the per-die series has {want[bad[0]]} B")
+    g = dies.create_group("hbm_stack_binned")
+    g.attrs["doc"] = ("HBM bytes per (die, stack, time bin), only nonzero triples, sorted by bin, die, stack: "
+                      "each op's HBM bytes split over the stacks by the address interleave (a contiguous "
+                      "region at address 0), spread evenly over the op's run; sums to /dies/hbm_binned")
+    g.attrs["bin_ps"] = np.int64(bin_ps)
+    g.attrs["bins"] = np.int64(-(-max(r.sim_end_ps, 1) // bin_ps))
+    g.attrs["stacks"] = np.int64(stacks)
+    w.dataset(g, "die", die[order], doc="row in /dies")
+    w.dataset(g, "stack", stack[order], doc="HBM stack of the die, 0 .. stacks - 1")
+    w.dataset(g, "bin", b[order], doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)")
+    w.dataset(g, "bytes", cols["bytes"][order], unit="B", doc="HBM bytes read and written on the stack in the bin")
+
+
+def _write_moe_pairs(f, r, w: _Writer) -> None:
+    pairs = getattr(r, "moe_pairs", None)
+    if pairs is None:
+        cols = {name: np.zeros(0, dtype=dtype) for name, dtype in MOE_PAIR_FIELDS}
+    else:
+        cols = _columns("RunResult.moe_pairs", pairs, MOE_PAIR_FIELDS)
+    n_ops = r.lowered.num_ops
+    for name, c in cols.items():
+        if c.size and (c.min() < 0 or c.max() >= n_ops):
+            raise ValueError(f"RunResult.moe_pairs: {name} outside 0..{n_ops - 1}")
+    if cols["dispatch_op"].size:
+        rank = r.lowered.op_rank
+        if np.any(rank[cols["dispatch_op"]] != rank[cols["combine_op"]]):
+            raise ValueError("RunResult.moe_pairs: a dispatch and its combine on different ranks")
+    g = f.create_group("moe_pairs")
+    g.attrs["doc"] = ("one row per rank and MoE exchange: the MOE_COMBINE that brings back the tokens the "
+                      "MOE_DISPATCH sent (same rank and group, nearest through the combine's dependencies)")
+    w.dataset(g, "dispatch_op", cols["dispatch_op"], doc="row in /ops of the MOE_DISPATCH")
+    w.dataset(g, "combine_op", cols["combine_op"], doc="row in /ops of the MOE_COMBINE")
 
 
 def _columns(what: str, table, fields) -> dict:
@@ -258,6 +319,9 @@ def _write_tasks(f, r, w: _Writer, detail: str) -> None:
     else:
         status = TASKS_RECORDED
     g.attrs["status"] = status
+    n = getattr(r, "pipe_intervals", None)
+    if status == TASKS_RECORDED and n is not None:
+        g.attrs["max_intervals_per_pipe"] = np.int64(n)
     if tasks is None:
         cols = {name: np.zeros(0, dtype=dtype) for name, dtype in TASK_FIELDS}
     else:

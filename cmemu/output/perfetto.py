@@ -9,15 +9,21 @@ Layout of the trace:
   pipe) go to extra lanes ("CUBE #2", ...), so that every thread holds properly nested events;
 - a flow arrow per message, from its COMM_SEND (at the send's start) to its COMM_RECV (at the
   later of the receive's start and the send's start, bound to the enclosing receive slice);
+- a flow arrow per rank and MoE exchange (v4 /moe_pairs), from the rank's MOE_DISPATCH (its
+  start: its tokens leave) to the MOE_COMBINE that brings them back (bound to that slice): a
+  token's round trip as its rank sees it. Which holders served it is in the collective's tasks
+  (AIV_DIRECT / SDMA), not arrows: one per (rank, holder) pair would be thousands per layer;
 - counters ("C") of each link's bandwidth in GB/s per time bin, when the timeline has binned
-  link counters (/links/binned), in the process of the die or switch the link belongs to.
+  link counters (/links/binned), in the process of the die or switch the link belongs to; and
+  of each die's HBM bandwidth ("HBM GB/s", /dies/hbm_binned) and, in v4, each of its stacks'
+  ("HBM stack S GB/s", /dies/hbm_stack_binned), in the die's process.
 
 Timestamps in the format are microseconds; cmemu's integer picoseconds are written exactly as
 decimal microseconds with six digits (``ps // 10**6`` "." ``ps % 10**6``); the trace asks the viewer
 to display nanoseconds. Events are written in timestamp order, one chunk at a time.
 
-Not exported: dispatch->combine flows (the timeline does not yet say which ops form one MoE
-exchange); HBM bandwidth counters (the timeline records no HBM time series yet).
+Files older than v4 have no /moe_pairs: their traces get no dispatch->combine arrows (the
+trace's ``otherData.moe_flows`` says so).
 """
 from __future__ import annotations
 
@@ -51,8 +57,9 @@ class ExportInfo:
     window_ps: tuple[int, int] | None
     op_events: int
     task_events: int
-    flows: int
+    flows: int  # message flows and dispatch->combine flows
     counter_events: int
+    moe_flows: int = 0  # of the flows, dispatch->combine
 
 
 def parse_window(text: str | None) -> tuple[int, int] | None:
@@ -161,19 +168,53 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
 
     keep_op = in_window(ops["start_ps"], ops["end_ps"])
     keep_task = in_window(tasks["start_ps"], tasks["end_ps"]) if n_tasks else np.zeros(0, bool)
-    keep_msg = keep_op[msgs["send_op"]] & keep_op[msgs["recv_op"]]
     vnames = t.vertex_names()
-    counter_rows = _counter_rows(bins, bin_ps)
-    link_names = None
-    if counter_rows is not None:
+    # Counters: one row per sample, c_owner (vertex whose process shows it), c_name (index into
+    # counter_names, JSON literals), c_ts, c_val (GB/s).
+    counter_names: list[str] = []
+    c_parts = []
+    if bins is not None:
+        rows = _counter_rows(bins["link"], bins["bin"], bins["bytes"], bin_ps)
         endpoints = t.dies_count + int(t.spec["nodes"]) * int(t.spec["cpus_per_node"])
         owner, link_names = _link_owner_and_names(links, vnames, endpoints, t.link_kinds)
-        counter_rows["owner"] = owner[counter_rows["link"]]
-        c_start = counter_rows["ts_ps"]
-        keep_c = in_window(c_start, c_start + (0 if win is None else bin_ps))
+        counter_names.extend(link_names)
+        c_parts.append((owner[rows["key"]], rows["key"], rows["ts_ps"], rows["gbyte_per_s"], bin_ps))
+    hbm_counters = "not recorded"
+    if t.has_hbm_bins():
+        # HBM bandwidth per die, and per stack when the file has it (v4): tracks beside the links'.
+        h = t.columns("dies/hbm_binned")
+        hb_ps = t.hbm_bin_ps
+        base = len(counter_names)
+        counter_names.extend(json.dumps("HBM GB/s") for _ in range(t.dies_count))
+        rows = _counter_rows(h["die"], h["bin"], h["bytes"], hb_ps)
+        c_parts.append((rows["key"], base + rows["key"], rows["ts_ps"], rows["gbyte_per_s"], hb_ps))
+        hbm_counters = "GB/s per die and bin"
+        if t.has_hbm_stack_bins():
+            st = t.columns("dies/hbm_stack_binned")
+            stacks = t.hbm_stacks
+            base = len(counter_names)
+            counter_names.extend(json.dumps(f"HBM stack {k} GB/s") for _ in range(t.dies_count) for k in range(stacks))
+            key = st["die"].astype(np.int64) * stacks + st["stack"]
+            rows = _counter_rows(key, st["bin"], st["bytes"], hb_ps)
+            c_parts.append((rows["key"] // stacks, base + rows["key"], rows["ts_ps"], rows["gbyte_per_s"], hb_ps))
+            hbm_counters = "GB/s per die, and per stack, and bin"
+    if c_parts:
+        c_owner, c_name, c_ts, c_val = (np.concatenate([p[i] for p in c_parts]) for i in range(4))
+        c_owner, c_name, c_ts = c_owner.astype(np.int64), c_name.astype(np.int64), c_ts.astype(np.int64)
+        c_width = np.concatenate([np.full(p[0].size, p[4], dtype=np.int64) for p in c_parts])
+        keep_c = in_window(c_ts, c_ts + (0 if win is None else c_width))
     else:
+        c_owner = c_name = c_ts = np.zeros(0, dtype=np.int64)
+        c_val = np.zeros(0)
         keep_c = np.zeros(0, dtype=bool)
-    total = n_ops + n_tasks + 2 * msgs["send_op"].size + keep_c.size
+    # Flows: each message send -> receive, then (v4) each rank's MoE dispatch -> its combine.
+    pairs = t.columns("moe_pairs") if t.has_moe_pairs() else {"dispatch_op": np.zeros(0, np.int32),
+                                                             "combine_op": np.zeros(0, np.int32)}
+    fl_src = np.concatenate([msgs["send_op"], pairs["dispatch_op"]]).astype(np.int64)
+    fl_dst = np.concatenate([msgs["recv_op"], pairs["combine_op"]]).astype(np.int64)
+    fl_moe = np.concatenate([np.zeros(msgs["send_op"].size, bool), np.ones(pairs["dispatch_op"].size, bool)])
+    keep_msg = keep_op[fl_src] & keep_op[fl_dst]
+    total = n_ops + n_tasks + 2 * fl_src.size + keep_c.size
     kept = int(keep_op.sum() + keep_task.sum() + 2 * keep_msg.sum() + keep_c.sum())
     end_us = t.sim_end_ps / 1e6
     if kept > max_events:
@@ -225,8 +266,7 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
 
     meta = []
     used_pids = set((u_die + 1).tolist())
-    if counter_rows is not None:
-        used_pids.update((counter_rows["owner"][keep_c] + 1).tolist())
+    used_pids.update((c_owner[keep_c] + 1).tolist())
     for pid in sorted(used_pids):
         meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": str(vnames[pid - 1])}})
         meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
@@ -245,14 +285,14 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     pos = np.empty(x_ts.size, dtype=np.int64)
     pos[x_order] = np.arange(x_ts.size)
     m = np.flatnonzero(keep_msg)
-    s_op, r_op = msgs["send_op"][m], msgs["recv_op"][m]
+    s_op, r_op = fl_src[m], fl_dst[m]
     s_ts = ops["start_ps"][s_op]
     f_ts = np.maximum(ops["start_ps"][r_op], s_ts)
     s_key = 2 * pos[s_op] + 1
     f_key = np.where(ops["start_ps"][r_op] < s_ts, 2 * pos[s_op] + 2, np.maximum(2 * pos[r_op] + 1, 2 * pos[s_op] + 2))
     xi = np.flatnonzero(x_keep)
     ci = np.flatnonzero(keep_c)
-    ev_ts = np.concatenate([x_ts[xi], s_ts, f_ts, counter_rows["ts_ps"][ci] if ci.size else np.zeros(0, np.int64)])
+    ev_ts = np.concatenate([x_ts[xi], s_ts, f_ts, c_ts[ci]])
     ev_key = np.concatenate([2 * pos[xi], s_key, f_key, np.full(ci.size, -1, dtype=np.int64)])
     ev_ph = np.concatenate([np.full(xi.size, _PH_X), np.full(m.size, _PH_S), np.full(m.size, _PH_F),
                             np.full(ci.size, _PH_C)]).astype(np.int8)
@@ -283,8 +323,9 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
                np.concatenate([x_a[2], tasks["bytes"]])]
     pipe_lit = [json.dumps(n) for n in PIPE_NAMES]
     x_dur = x_end - x_ts
-    f_row = np.concatenate([msgs["send_op"], msgs["recv_op"]])  # flow end e's row: f_row[n_msgs + e]
-    n_msgs = msgs["send_op"].size
+    f_row = np.concatenate([fl_src, fl_dst])  # flow e's start op: f_row[e], its end op: f_row[n_flows + e]
+    n_flows = fl_src.size
+    flow_tail = ['"name":"message","cat":"message"', '"name":"dispatch->combine","cat":"moe"']
 
     def chunk_lines(sel) -> list[str]:
         ph = ev_ph[sel]
@@ -304,20 +345,19 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
                     args = f'"pipe":{pipe_lit[a0]},"op":{a1},"bytes":{a2}'
                 lines[pos] = (f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{t_s},"dur":{d_s},"name":{labels[lab]},'
                               f'"cat":{cats[cat]},"args":{{{args}}}}}')
-        for phase, letter, tail, offset in ((_PH_S, "s", "", 0), (_PH_F, "f", ',"bp":"e"', n_msgs)):
+        for phase, letter, tail, offset in ((_PH_S, "s", "", 0), (_PH_F, "f", ',"bp":"e"', n_flows)):
             k = np.flatnonzero(ph == phase)
             if k.size:
                 rows = f_row[idx[k] + offset]
-                for pos, fid, pid, tid in zip(k.tolist(), idx[k].tolist(), (op_rank[rows] + 1).tolist(),
-                                              op_tid[rows].tolist()):
+                for pos, fid, pid, tid, moe in zip(k.tolist(), idx[k].tolist(), (op_rank[rows] + 1).tolist(),
+                                                   op_tid[rows].tolist(), fl_moe[idx[k]].tolist()):
                     lines[pos] = (f'{{"ph":"{letter}","id":{fid},"pid":{pid},"tid":{tid},"ts":{ts[pos]},'
-                                  f'"name":"message","cat":"message"{tail}}}')
+                                  f'{flow_tail[moe]}{tail}}}')
         k = np.flatnonzero(ph == _PH_C)
         if k.size:
             i = idx[k]
-            for pos, pid, link, v in zip(k.tolist(), (counter_rows["owner"][i] + 1).tolist(),
-                                         counter_rows["link"][i].tolist(), counter_rows["gbyte_per_s"][i].tolist()):
-                lines[pos] = (f'{{"ph":"C","pid":{pid},"name":{link_names[link]},"ts":{ts[pos]},'
+            for pos, pid, name, v in zip(k.tolist(), (c_owner[i] + 1).tolist(), c_name[i].tolist(), c_val[i].tolist()):
+                lines[pos] = (f'{{"ph":"C","pid":{pid},"name":{counter_names[name]},"ts":{ts[pos]},'
                               f'"args":{{"GB/s":{v:.6g}}}}}')
         return lines
 
@@ -331,6 +371,9 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
                 "preset": t.attrs.get("preset"), "sim_end_us": end_us, "time_unit": "us (ts and dur)",
                 "window_us": None if win is None else [win[0] / 1e6, win[1] / 1e6],
                 "tasks": t.tasks_status(), "link_counters": "GB/s per bin" if bins is not None else "not recorded",
+                "hbm_counters": hbm_counters,
+                "moe_flows": (f"{pairs['dispatch_op'].size} dispatch->combine pairs" if t.has_moe_pairs()
+                              else f"not in layout version {t.version} (v4 records them)"),
             }))
             f.write(',"traceEvents":[\n')
             f.write(",\n".join(json.dumps(e, separators=(",", ":")) for e in meta))
@@ -348,28 +391,26 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
         tmp.unlink(missing_ok=True)
         raise
     return ExportInfo(out, written, written - len(meta), total, win, int(keep_op.sum()), int(keep_task.sum()),
-                      int(m.size), int(ci.size))
+                      int(m.size), int(ci.size), int(fl_moe[m].sum()))
 
 
-def _counter_rows(bins, bin_ps):
-    """Counter samples from the sparse bins: a value at each bin's start and a 0 where a run of
-    nonzero bins ends. Returns columns link, ts_ps, gbyte_per_s, owner (vertex), or None."""
-    if bins is None:
-        return None
-    link = bins["link"].astype(np.int64)
-    b = bins["bin"].astype(np.int64)
-    order = np.lexsort((b, link))
-    link, b, nbytes = link[order], b[order], bins["bytes"][order]
-    nxt_same = np.zeros(link.size, dtype=bool)
-    if link.size > 1:
-        nxt_same[:-1] = (link[1:] == link[:-1]) & (b[1:] == b[:-1] + 1)
+def _counter_rows(key, b, nbytes, bin_ps):
+    """Counter samples from sparse bins of one counter per key: a value at each bin's start and
+    a 0 where a run of nonzero bins ends. Returns columns key, ts_ps, gbyte_per_s."""
+    key = np.asarray(key, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    order = np.lexsort((b, key))
+    key, b, nbytes = key[order], b[order], np.asarray(nbytes)[order]
+    nxt_same = np.zeros(key.size, dtype=bool)
+    if key.size > 1:
+        nxt_same[:-1] = (key[1:] == key[:-1]) & (b[1:] == b[:-1] + 1)
     z = np.flatnonzero(~nxt_same)
-    all_link = np.concatenate([link, link[z]])
+    all_key = np.concatenate([key, key[z]])
     all_ts = np.concatenate([b * bin_ps, (b[z] + 1) * bin_ps])
     # bytes per ps * 1e12 = B/s; / 1e9 = GB/s
     gbs = np.concatenate([nbytes / bin_ps * 1e3, np.zeros(z.size)])
-    o = np.lexsort((all_ts, all_link))
-    return {"link": all_link[o], "ts_ps": all_ts[o], "gbyte_per_s": gbs[o], "owner": None}
+    o = np.lexsort((all_ts, all_key))
+    return {"key": all_key[o], "ts_ps": all_ts[o], "gbyte_per_s": gbs[o]}
 
 
 def _link_owner_and_names(links, vnames, dies_and_cpus: int, kinds):

@@ -1,4 +1,4 @@
-"""Reading a timeline: ``cmemu.open_timeline(path)``, for layout versions 1, 2 and 3.
+"""Reading a timeline: ``cmemu.open_timeline(path)``, for layout versions 1 to 4.
 
 Tables come back as pandas DataFrames when pandas is installed, otherwise as numpy structured
 arrays with the same columns. Enum columns (op type, link kind, pipe) come back as their names.
@@ -21,6 +21,15 @@ from cmemu.topology import LINK_KIND_NAMES
 
 class TimelineError(CmemuError):
     """A file that is not a cmemu timeline, or one of a version this reader does not know."""
+
+
+# The layout version that added each group (docs/timeline-format.md, Versions). A group newer
+# than the file is missing with a message saying so; an optional one the run did not record, too.
+ADDED_IN = {"dies": 2, "tasks": 2, "links/binned": 2, "dies/hbm_binned": 3, "dies/hbm_stack_binned": 4,
+            "moe_pairs": 4}
+OPTIONAL = {"links/binned": "the run binned no counters (cmemu run --link-bin-ns 0)",
+            "dies/hbm_binned": "the run binned no counters (cmemu run --link-bin-ns 0)",
+            "dies/hbm_stack_binned": "the run binned no counters (cmemu run --link-bin-ns 0)"}
 
 
 def open_timeline(path) -> "Timeline":
@@ -107,9 +116,21 @@ class Timeline:
         return f"<Timeline {self.path} v{self.version} {self.attrs.get('preset')} {self.sim_end_ps / 1e6:,.3f} us>"
 
     # -- raw columns -----------------------------------------------------------------------
+    def require(self, group: str):
+        """The HDF5 group, or a TimelineError saying why this file lacks it."""
+        if group in self._f:
+            return self._f[group]
+        since = ADDED_IN.get(group)
+        if since is not None and self.version < since:
+            raise TimelineError(f"{self.path}: no /{group}: this file has layout version {self.version}, "
+                                f"/{group} came with version {since}; run the trace again with this cmemu "
+                                "to get it")
+        why = OPTIONAL.get(group, "not written by the cmemu that made this file")
+        raise TimelineError(f"{self.path}: no /{group}: {why}")
+
     def columns(self, group: str) -> dict:
         """Every dataset of a group as numpy arrays (enum codes as integers, names as str)."""
-        g = self._f[group]
+        g = self.require(group)
         out = {}
         for name, ds in g.items():
             if not isinstance(ds, h5py.Dataset):
@@ -196,6 +217,41 @@ class Timeline:
         bin_ps = self.hbm_bin_ps
         return _table({"die": c["die"], "bin": c["bin"], "start_ps": c["bin"].astype(np.int64) * bin_ps,
                        "bytes": c["bytes"], "gbyte_per_s": c["bytes"] / (bin_ps / 1e12) / 1e9}, self.as_numpy)
+
+    def has_hbm_stack_bins(self) -> bool:
+        return "dies/hbm_stack_binned" in self._f
+
+    def hbm_stack_bins(self):
+        """HBM bytes per (die, stack, time bin) (v4, when the run binned its counters), or None:
+        die, stack, bin, start_ps, bytes, gbyte_per_s. Summed over the stacks they give
+        ``hbm_bins()``. ``hbm_stacks`` is the number of stacks per die."""
+        if not self.has_hbm_stack_bins():
+            return None
+        c = self.columns("dies/hbm_stack_binned")
+        bin_ps = self.hbm_bin_ps
+        return _table({"die": c["die"], "stack": c["stack"], "bin": c["bin"],
+                       "start_ps": c["bin"].astype(np.int64) * bin_ps, "bytes": c["bytes"],
+                       "gbyte_per_s": c["bytes"] / (bin_ps / 1e12) / 1e9}, self.as_numpy)
+
+    @property
+    def hbm_stacks(self) -> int:
+        if self.has_hbm_stack_bins():
+            return int(self._f["dies/hbm_stack_binned"].attrs["stacks"])
+        return int(self.spec["die"].get("hbm_stacks", 1))
+
+    def has_moe_pairs(self) -> bool:
+        return "moe_pairs" in self._f
+
+    def moe_pairs(self):
+        """Each MoE exchange per rank (v4): dispatch_op, combine_op (rows of ops()), rank,
+        dispatch_start_ps, combine_end_ps (the round trip as that rank sees it). A file older
+        than v4 raises TimelineError saying so."""
+        c = self.columns("moe_pairs")
+        o = self._f["ops"]
+        rank, start, end = o["rank"][()], o["start_ps"][()], o["end_ps"][()]
+        d, k = c["dispatch_op"], c["combine_op"]
+        return _table({"dispatch_op": d, "combine_op": k, "rank": rank[d], "dispatch_start_ps": start[d],
+                       "combine_end_ps": end[k]}, self.as_numpy)
 
     @property
     def hbm_bin_ps(self) -> int | None:

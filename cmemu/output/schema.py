@@ -9,8 +9,8 @@ from __future__ import annotations
 from cmemu.errors import CmemuError
 
 TIMELINE_FORMAT = "cmemu.timeline"
-TIMELINE_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+TIMELINE_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 # Pipes and engines of a die, as Ascend's own tools name them (CUBE, VECTOR, MTE1/2/3, FIXP),
 # plus the two communication engines. /tasks/pipe stores the index into this tuple.
@@ -39,6 +39,20 @@ HBM_SERIES_FIELDS = (
     ("die", "int32"),
     ("bin", "int32"),
     ("bytes", "int64"),
+)
+
+# RunResult.hbm_stack_series besides bin_ps and stacks (sparse COO, nonzero triples only).
+HBM_STACK_SERIES_FIELDS = (
+    ("die", "int32"),
+    ("stack", "int8"),
+    ("bin", "int32"),
+    ("bytes", "int64"),
+)
+
+# RunResult.moe_pairs: one row per rank and MoE exchange, rows of /ops (v4).
+MOE_PAIR_FIELDS = (
+    ("dispatch_op", "int32"),
+    ("combine_op", "int32"),
 )
 
 DETAILS = ("ops", "tasks", "packets")
