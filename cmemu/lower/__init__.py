@@ -130,6 +130,7 @@ def comp_cores(node, die) -> tuple[int, int]:
     """(AIC, AIV) cores a COMP holds while it runs. A COMP given only a duration holds none
     unless it names ``cmemu.cores``; MLA ops hold two AIV per AIC (their softmax side)."""
     from cmemu.die.ops import op_unit
+    from cmemu.trace.ir import CLUSTER_OPS
 
     attrs = node.attrs
     op = attrs.get("cmemu.op")
@@ -138,7 +139,7 @@ def comp_cores(node, die) -> tuple[int, int]:
     unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
     total = die.aic_cores if unit == "aic" else die.aiv_cores
     cores = attrs.get("cmemu.cores", total)
-    if op in ("mla_decode", "mla_attention", "mla_prefill"):
+    if op in CLUSTER_OPS:  # an AIC with its two AIVs
         return cores, 2 * cores
     return (cores, 0) if unit == "aic" else (0, cores)
 

@@ -70,6 +70,13 @@ class MessageTable:
             twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
             path = np.where(twin, PATH_D2D, PATH_UB)
         n = src.size
+        if n < 64:  # a few: as single rows (a chunk of tiny arrays costs more than the rows)
+            cols = (src, dst, np.broadcast_to(nbytes, (n,)), np.full(n, kind), path,
+                    np.broadcast_to(send_op, (n,)), np.broadcast_to(recv_op, (n,)))
+            for c, v in zip(_COLUMNS, cols):
+                self._rows[c].extend(np.asarray(v, dtype=np.int64).tolist())
+            self._n += n
+            return
         self._flush()
         self._chunks.append({
             "src": src, "dst": dst, "path": path,
