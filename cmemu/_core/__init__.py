@@ -48,3 +48,30 @@ def op_message_lists(lowered):
         bad = int(np.flatnonzero(bad)[0])
         raise ValueError(f"op {bad} names message {int(lowered.op_msg[bad])}, whose send/recv op is not it")
     return ptr, idx[order].astype(np.int32)
+
+
+def hbm_sharing(lowered):
+    """Per-die HBM capacity (bytes/s) and each op's HBM demand (bytes/s) for the engine's sharing.
+
+    A COMP op with HBM traffic of its own die (``op_hbm_bytes``) and a duration demands its
+    bytes over its duration (what it draws when it runs alone, as the die model timed it). While
+    the demands of a die's running ops add up to more than the die's capacity, every one of them
+    progresses at capacity / total demand of its own speed (docs/model.md, "HBM shared"). Ops of
+    a die with no capacity given (0), and all other ops, do not take part.
+    """
+    import numpy as np
+
+    from cmemu.lower import OP_KIND_COMP
+
+    dies = int(lowered.die_aic_cores.shape[0])
+    cap = np.zeros(dies, dtype=np.int64)
+    given = getattr(lowered, "die_hbm_byte_per_s", None)
+    if given is not None and len(given):
+        cap[:len(given)] = np.asarray(given, dtype=np.int64)[:dies]
+    dur = lowered.op_dur_ps
+    hbm = lowered.op_hbm_bytes
+    rank = np.clip(lowered.op_rank, 0, max(dies - 1, 0))
+    takes_part = (lowered.op_kind == OP_KIND_COMP) & (hbm > 0) & (dur > 0) & (cap[rank] > 0 if dies else False)
+    rate = np.zeros(dur.shape[0], dtype=np.int64)
+    rate[takes_part] = np.maximum(1, np.ceil(hbm[takes_part] / dur[takes_part] * 1e12)).astype(np.int64)
+    return cap, rate

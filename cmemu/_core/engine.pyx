@@ -37,7 +37,7 @@ import numpy as np
 cimport numpy as cnp
 
 from cmemu.errors import DieFailedError, UnroutableError
-from cmemu._core import op_message_lists
+from cmemu._core import hbm_sharing, op_message_lists
 
 cnp.import_array()
 
@@ -86,6 +86,7 @@ cdef enum:
     EV_MSG_DELIVERED = 8  # (no longer scheduled: a delivery time ends its receive op directly)
     EV_FAIL = 9
     EV_RETRANSMIT = 10
+    EV_HBM_DONE = 12  # the op of a die's HBM share that finishes first (if still so)
 
 cdef int64_t PS_PER_S = 1000000000000
 
@@ -220,6 +221,20 @@ cdef class Engine:
     cdef const int64_t[::1] op_mptr   # messages of a SEND/RECV op: op_midx[op_mptr[op]:op_mptr[op+1]]
     cdef const int32_t[::1] op_midx
     cdef int32_t[::1] op_left         # messages the op still waits for
+    # HBM shared by the running ops of a die (see hbm_join): a virtual clock per die runs at
+    # capacity / demand (at most 1) of real time, and an op ends when it has run its duration
+    # on that clock.
+    cdef const int64_t[::1] hbm_cap    # per die, bytes/s (0: not shared)
+    cdef int64_t[::1] hbm_sum          # per die, demand of its running ops, bytes/s
+    cdef int64_t[::1] hbm_v            # per die, its clock (ps of alone time) at hbm_t
+    cdef int64_t[::1] hbm_t
+    cdef int32_t[::1] hbm_first        # per die, its running ops (a list through op_hnext)
+    cdef int32_t[::1] hbm_next_op      # per die, the op whose end is scheduled
+    cdef const int64_t[::1] op_rate    # per op, its demand (0: it does not take part)
+    cdef int64_t[::1] op_target        # per op, the die clock at which it ends
+    cdef int64_t[::1] op_hend          # per op, the time its end was last scheduled for
+    cdef int32_t[::1] op_hnext
+    cdef int32_t[::1] op_hprev
     cdef int64_t[::1] op_tmax         # the latest ack / delivery time among them so far
     cdef int64_t[::1] res_free
     # Cores: an op holds op_aic AIC and op_aiv AIV cores of its die while it runs; ops that do
@@ -361,6 +376,17 @@ cdef class Engine:
         self.succ_idx = L.succ_idx
         self.op_mptr, self.op_midx = op_message_lists(L)
         self.op_left = np.zeros(self.n_ops, dtype=np.int32)
+        self.hbm_cap, self.op_rate = hbm_sharing(L)
+        n_dies = L.die_aic_cores.shape[0]
+        self.hbm_sum = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_v = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_t = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_first = np.full(n_dies, -1, dtype=np.int32)
+        self.hbm_next_op = np.full(n_dies, -1, dtype=np.int32)
+        self.op_target = np.zeros(self.n_ops, dtype=np.int64)
+        self.op_hend = np.full(self.n_ops, -1, dtype=np.int64)
+        self.op_hnext = np.full(self.n_ops, -1, dtype=np.int32)
+        self.op_hprev = np.full(self.n_ops, -1, dtype=np.int32)
         self.op_tmax = np.zeros(self.n_ops, dtype=np.int64)
         self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
         self.free_aic = L.die_aic_cores.copy()
@@ -1094,7 +1120,10 @@ cdef class Engine:
         cdef uint8_t kind = o.kind
         o.start = t
         if kind == K_COMP:
-            self.push(t + o.dur, EV_OP_DONE, op)
+            if self.op_rate[op] > 0:
+                self.hbm_join(op)
+            else:
+                self.push(t + o.dur, EV_OP_DONE, op)
         elif kind == K_MEM:
             r = o.res
             start = t if t > self.res_free[r] else self.res_free[r]
@@ -1131,6 +1160,73 @@ cdef class Engine:
                 if self.msg_kind[msg] != MSG_WRITE:
                     self.message_start(msg, t + self.ep_startup[self.msg_dst[msg]])
         return 0
+
+    # -- HBM shared by a die's running ops -------------------------------------------------
+    cdef void hbm_advance(self, int32_t d) noexcept nogil:
+        """Bring die d's clock to now: it ran at min(1, capacity / demand) since hbm_t."""
+        cdef int64_t dt = self.now - self.hbm_t[d]
+        if dt > 0:
+            if self.hbm_sum[d] > self.hbm_cap[d]:
+                self.hbm_v[d] += <int64_t>((<cm_int128>dt * self.hbm_cap[d]) // self.hbm_sum[d])
+            else:
+                self.hbm_v[d] += dt
+        self.hbm_t[d] = self.now
+
+    cdef int hbm_schedule(self, int32_t d) except -1:
+        """Schedule the end of die d's running op that reaches its target first (ties: the
+        lower op index), at the current rate of the die's clock."""
+        cdef int32_t op = self.hbm_first[d], best = -1
+        cdef int64_t rem, fin
+        while op >= 0:
+            if best < 0 or self.op_target[op] < self.op_target[best] or (
+                    self.op_target[op] == self.op_target[best] and op < best):
+                best = op
+            op = self.op_hnext[op]
+        self.hbm_next_op[d] = best
+        if best < 0:
+            return 0
+        rem = self.op_target[best] - self.hbm_v[d]
+        if rem < 0:
+            rem = 0
+        if self.hbm_sum[d] > self.hbm_cap[d]:
+            fin = self.now + <int64_t>((<cm_int128>rem * self.hbm_sum[d] + self.hbm_cap[d] - 1) // self.hbm_cap[d])
+        else:
+            fin = self.now + rem
+        if self.op_hend[best] != fin:
+            self.op_hend[best] = fin
+            self.push(fin, EV_HBM_DONE, best)
+        return 0
+
+    cdef int hbm_join(self, int32_t op) except -1:
+        """A COMP op with HBM traffic starts: it joins its die's share."""
+        cdef int32_t d = self.ops[op].die
+        self.hbm_advance(d)
+        self.op_target[op] = self.hbm_v[d] + self.ops[op].dur
+        self.hbm_sum[d] += self.op_rate[op]
+        self.op_hprev[op] = -1
+        self.op_hnext[op] = self.hbm_first[d]
+        if self.hbm_first[d] >= 0:
+            self.op_hprev[self.hbm_first[d]] = op
+        self.hbm_first[d] = op
+        return self.hbm_schedule(d)
+
+    cdef int on_hbm_done(self, int32_t op) except -1:
+        """The scheduled end of a die's first finisher, unless a later change moved it."""
+        cdef int32_t d = self.ops[op].die
+        if self.hbm_next_op[d] != op or self.op_hend[op] != self.now or self.ops[op].end >= 0:
+            if self.op_hend[op] == self.now and self.hbm_next_op[d] != op:
+                self.op_hend[op] = -1  # its pending end is gone: a later schedule makes a new one
+            return 0  # superseded
+        self.hbm_advance(d)
+        self.hbm_sum[d] -= self.op_rate[op]
+        if self.op_hprev[op] >= 0:
+            self.op_hnext[self.op_hprev[op]] = self.op_hnext[op]
+        else:
+            self.hbm_first[d] = self.op_hnext[op]
+        if self.op_hnext[op] >= 0:
+            self.op_hprev[self.op_hnext[op]] = self.op_hprev[op]
+        self.hbm_schedule(d)
+        return self.on_op_done(op)
 
     cdef int deliver(self, int32_t m, int64_t t) except -1:
         """Message m is delivered at t (now or later): its waiting receive may end then."""
@@ -1448,6 +1544,8 @@ cdef class Engine:
                 self.on_fail(ev.a)
             elif ev.kind == EV_RETRANSMIT:
                 self.on_retransmit(ev.a)
+            elif ev.kind == EV_HBM_DONE:
+                self.on_hbm_done(ev.a)
             else:
                 self.on_response_inject(ev.a)
         return self.queued_events() == 0
@@ -1460,7 +1558,7 @@ cdef class Engine:
         """Events handled so far, by handler name (for profiling)."""
         names = {EV_OP_READY: "op_ready", EV_OP_DONE: "op_done", EV_LINK_FREE: "link_free",
                  EV_PKT_ARRIVE: "packet_arrive", EV_SINK_DONE: "sink_done", EV_RESP_INJECT: "response_inject",
-                 EV_WAKE: "wake", EV_FAIL: "fail", EV_RETRANSMIT: "retransmit"}
+                 EV_WAKE: "wake", EV_FAIL: "fail", EV_RETRANSMIT: "retransmit", EV_HBM_DONE: "hbm_done"}
         return {name: int(self.kind_count[k]) for k, name in names.items() if self.kind_count[k]}
 
     def pending(self):

@@ -10,7 +10,7 @@ import heapq
 import numpy as np
 
 from cmemu.errors import DieFailedError, UnroutableError
-from cmemu._core import op_message_lists
+from cmemu._core import hbm_sharing, op_message_lists
 
 from cmemu.lower.fabric import (
     LB_SPRAY,
@@ -30,7 +30,7 @@ from cmemu.lower.fabric import (
 
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
 (EV_OP_READY, EV_OP_DONE, EV_MSG_START, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE, EV_RESP_INJECT, EV_ACK,
- EV_MSG_DELIVERED, EV_FAIL, EV_RETRANSMIT, EV_WAKE) = range(12)
+ EV_MSG_DELIVERED, EV_FAIL, EV_RETRANSMIT, EV_WAKE, EV_HBM_DONE) = range(13)
 PS_PER_S = 10**12
 
 
@@ -59,6 +59,17 @@ class Engine:
         self.succ_ptr = L.succ_ptr.tolist()
         self.succ_idx = L.succ_idx.tolist()
         self.pending_deps = L.op_npred.tolist()
+        cap, rate = hbm_sharing(L)
+        self.hbm_cap = cap.tolist()
+        self.op_rate = rate.tolist()
+        n_dies = len(self.hbm_cap)
+        self.hbm_sum = [0] * n_dies
+        self.hbm_v = [0] * n_dies
+        self.hbm_t = [0] * n_dies
+        self.hbm_running = [[] for _ in range(n_dies)]
+        self.hbm_next_op = [-1] * n_dies
+        self.op_target = [0] * self.n_ops
+        self.op_hend = [-1] * self.n_ops
         self.op_start = [-1] * self.n_ops
         self.op_end = [-1] * self.n_ops
         self.res_free = [0] * max(int(L.n_resources), 1)
@@ -431,7 +442,10 @@ class Engine:
         kind = self.op_kind[op]
         self.op_start[op] = t
         if kind == K_COMP:
-            self.push(t + self.op_dur_ps[op], EV_OP_DONE, op)
+            if self.op_rate[op] > 0:
+                self.hbm_join(op)
+            else:
+                self.push(t + self.op_dur_ps[op], EV_OP_DONE, op)
         elif kind == K_MEM:
             r = self.op_res[op]
             start = max(t, self.res_free[r])
@@ -463,6 +477,50 @@ class Engine:
             for m in msgs:
                 if self.msg_kind[m] != MSG_WRITE:
                     self.message_start(m, t + self.ep_startup[self.msg_dst[m]])
+
+    def hbm_advance(self, d):
+        dt = self.now - self.hbm_t[d]
+        if dt > 0:
+            if self.hbm_sum[d] > self.hbm_cap[d]:
+                self.hbm_v[d] += dt * self.hbm_cap[d] // self.hbm_sum[d]
+            else:
+                self.hbm_v[d] += dt
+        self.hbm_t[d] = self.now
+
+    def hbm_schedule(self, d):
+        running = self.hbm_running[d]
+        best = min(running, key=lambda op: (self.op_target[op], op)) if running else -1
+        self.hbm_next_op[d] = best
+        if best < 0:
+            return
+        rem = max(0, self.op_target[best] - self.hbm_v[d])
+        if self.hbm_sum[d] > self.hbm_cap[d]:
+            fin = self.now + -(-rem * self.hbm_sum[d] // self.hbm_cap[d])
+        else:
+            fin = self.now + rem
+        if self.op_hend[best] != fin:
+            self.op_hend[best] = fin
+            self.push(fin, EV_HBM_DONE, best)
+
+    def hbm_join(self, op):
+        d = self.op_die[op]
+        self.hbm_advance(d)
+        self.op_target[op] = self.hbm_v[d] + self.op_dur_ps[op]
+        self.hbm_sum[d] += self.op_rate[op]
+        self.hbm_running[d].append(op)
+        self.hbm_schedule(d)
+
+    def on_hbm_done(self, op):
+        d = self.op_die[op]
+        if self.hbm_next_op[d] != op or self.op_hend[op] != self.now or self.op_end[op] >= 0:
+            if self.op_hend[op] == self.now and self.hbm_next_op[d] != op:
+                self.op_hend[op] = -1
+            return
+        self.hbm_advance(d)
+        self.hbm_sum[d] -= self.op_rate[op]
+        self.hbm_running[d].remove(op)
+        self.hbm_schedule(d)
+        self.on_op_done(op)
 
     def deliver(self, m, t):
         self.msg_delivered[m] = t
@@ -667,7 +725,7 @@ class Engine:
         EV_OP_READY: on_op_ready, EV_OP_DONE: on_op_done,
         EV_LINK_FREE: on_link_free, EV_PKT_ARRIVE: on_packet_arrive, EV_SINK_DONE: on_sink_done,
         EV_RESP_INJECT: on_response_inject,
-        EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit, EV_WAKE: on_wake,
+        EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit, EV_WAKE: on_wake, EV_HBM_DONE: on_hbm_done,
     }
 
     def run(self, max_events=-1):

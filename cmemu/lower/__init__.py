@@ -74,6 +74,9 @@ class Lowered:
     pipe_task_op: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     pipe_task_pipe: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
     pipe_task_busy_ps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # HBM bandwidth a die's running COMP ops share (bytes/s; empty or 0: each op runs as timed
+    # alone). See cmemu._core.hbm_sharing.
+    die_hbm_byte_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def num_ops(self) -> int:
@@ -222,12 +225,22 @@ def lower(trace, topo: Topology) -> Lowered:
     b.edges(src_list, dst_list)
     dies = topo.num_dies
     lowered = b.build(dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores), num_trace_ops=n)
+    lowered.die_hbm_byte_per_s = np.full(dies, hbm_capacity_byte_per_s(die), dtype=np.int64)
     if pipe_rows:
         rows = np.asarray(pipe_rows, dtype=np.int64)
         lowered.pipe_task_op = rows[:, 0].astype(np.int32)
         lowered.pipe_task_pipe = rows[:, 1].astype(np.uint8)
         lowered.pipe_task_busy_ps = rows[:, 2]
     return lowered
+
+
+def hbm_capacity_byte_per_s(die) -> int:
+    """What a die's HBM delivers to all its running ops together: the die model's achieved
+    sequential streaming read bandwidth (cmemu/die/hbm.py: bursts, row misses, refresh)."""
+    from cmemu.die.model import DieModel
+
+    m = DieModel.of(die)
+    return int(m.hbm_read_byte_per_cycle / m.cycle_ps * 1e12)
 
 
 def _pipe_tasks(op: int, cost, die, rows: list) -> None:
