@@ -157,6 +157,18 @@ cdef struct Packet:
     int32_t uplink
 
 
+cdef struct PacketRecord:
+    # One transmission of a packet on a link (record_packets): for --detail packets.
+    int64_t start
+    int64_t end       # its tail left the link's sender (start + serialisation)
+    int32_t msg
+    int32_t seq
+    int32_t link
+    int32_t wire
+    uint8_t ptype
+    uint8_t pad[7]
+
+
 cdef struct Bucket:
     Event* ev
     int64_t n
@@ -326,6 +338,10 @@ cdef class Engine:
     cdef int64_t bin_ps
     cdef int64_t* series
     cdef int64_t series_len, series_cap
+    # Per-transmission records (only when asked for: record_packets).
+    cdef PacketRecord* recs
+    cdef int64_t recs_len, recs_cap
+    cdef readonly bint record_packets
 
     def __cinit__(self):
         self.lk = NULL
@@ -339,8 +355,11 @@ cdef class Engine:
         self.act = NULL
         self.pkts = NULL
         self.series = NULL
+        self.recs = NULL
+        self.recs_len = 0
+        self.recs_cap = 0
 
-    def __init__(self, lowered, fabric, int64_t bin_ps=0):
+    def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False):
         cdef int64_t i
         L, F = lowered, fabric
         self.n_ops = L.op_kind.shape[0]
@@ -514,6 +533,7 @@ cdef class Engine:
         self.series_len = 0
         self.series_cap = 1024
         self.series = <int64_t*>malloc(self.series_cap * 4 * sizeof(int64_t))
+        self.record_packets = record_packets
 
         self.pkt_cap = 1024
         self.pkts = <Packet*>malloc(self.pkt_cap * sizeof(Packet))
@@ -577,6 +597,7 @@ cdef class Engine:
         free(self.act)
         free(self.pkts)
         free(self.series)
+        free(self.recs)
 
     # -- the event queue -----------------------------------------------------------------
     cdef int push(self, int64_t time, int32_t kind, int32_t a) except -1:
@@ -996,6 +1017,49 @@ cdef class Engine:
                 break
         return 0
 
+    cdef int record(self, int32_t p, int32_t link, int64_t ser) except -1:
+        cdef PacketRecord* grown
+        cdef PacketRecord* r
+        if self.recs_len == self.recs_cap:
+            grown = <PacketRecord*>realloc(self.recs, max(1024, 2 * self.recs_cap) * sizeof(PacketRecord))
+            if grown == NULL:
+                raise MemoryError("packet records")
+            self.recs = grown
+            self.recs_cap = max(1024, 2 * self.recs_cap)
+        r = &self.recs[self.recs_len]
+        r.start = self.now
+        r.end = self.now + ser
+        r.msg = self.pkts[p].msg
+        r.seq = self.pkts[p].seq
+        r.link = link
+        r.wire = self.pkts[p].wire
+        r.ptype = self.pkts[p].ptype
+        self.recs_len += 1
+        return 0
+
+    def packet_records(self):
+        """Every transmission of a packet on a link, in the order they started (record_packets):
+        start_ps, end_ps (its tail left the sender), msg, seq (packet of the message), link,
+        wire_bytes, ptype (fabric.PKT_*). Empty unless the engine was made with record_packets."""
+        n = self.recs_len
+        out = {"start_ps": np.empty(n, dtype=np.int64), "end_ps": np.empty(n, dtype=np.int64),
+               "msg": np.empty(n, dtype=np.int32), "seq": np.empty(n, dtype=np.int32),
+               "link": np.empty(n, dtype=np.int32), "wire_bytes": np.empty(n, dtype=np.int32),
+               "ptype": np.empty(n, dtype=np.uint8)}
+        cdef int64_t[::1] st = out["start_ps"], en = out["end_ps"]
+        cdef int32_t[::1] ms = out["msg"], sq = out["seq"], lk = out["link"], wr = out["wire_bytes"]
+        cdef uint8_t[::1] pt = out["ptype"]
+        cdef int64_t i
+        for i in range(n):
+            st[i] = self.recs[i].start
+            en[i] = self.recs[i].end
+            ms[i] = self.recs[i].msg
+            sq[i] = self.recs[i].seq
+            lk[i] = self.recs[i].link
+            wr[i] = self.recs[i].wire
+            pt[i] = self.recs[i].ptype
+        return out
+
     def link_series(self):
         """Binned link counters as COO arrays: link, bin, bytes, busy_ps (flushes the bins)."""
         cdef int64_t link
@@ -1080,6 +1144,8 @@ cdef class Engine:
         ser = serialisation_ps(self.pkts[p].wire, self.lk[link].rate)
         self.lk[link].busy_until = self.now + ser
         self.count_transmission(link, self.now, ser, self.pkts[p].wire)
+        if self.record_packets:
+            self.record(p, link, ser)
         self.packets_sent += 1
         prev = self.pkts[p].in_link
         self.pkts[p].in_link = link

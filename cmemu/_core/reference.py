@@ -44,7 +44,7 @@ class _Packet:
 
 
 class Engine:
-    def __init__(self, lowered, fabric, bin_ps=0):
+    def __init__(self, lowered, fabric, bin_ps=0, record_packets=False):
         L, F = lowered, fabric
         self.n_ops = int(L.op_kind.shape[0])
         self.op_kind = L.op_kind.tolist()
@@ -59,6 +59,8 @@ class Engine:
         self.succ_ptr = L.succ_ptr.tolist()
         self.succ_idx = L.succ_idx.tolist()
         self.pending_deps = L.op_npred.tolist()
+        self.record_packets = record_packets
+        self.recs = []
         cap, rate = hbm_sharing(L)
         self.hbm_cap = cap.tolist()
         self.op_rate = rate.tolist()
@@ -364,6 +366,12 @@ class Engine:
             if t >= end:
                 break
 
+    def packet_records(self):
+        cols = list(zip(*self.recs)) if self.recs else [()] * 7
+        types = (np.int64, np.int64, np.int32, np.int32, np.int32, np.int32, np.uint8)
+        names = ("start_ps", "end_ps", "msg", "seq", "link", "wire_bytes", "ptype")
+        return {n: np.asarray(c, dtype=t) for n, c, t in zip(names, cols, types)}
+
     def link_series(self):
         for link in range(len(self.cur_bin)):
             self.series_flush(link)
@@ -413,6 +421,8 @@ class Engine:
         ser = serialisation_time_ps(pk.wire, self.link_rate[link])
         self.busy_until[link] = self.now + ser
         self.count_transmission(link, self.now, ser, pk.wire)
+        if self.record_packets:
+            self.recs.append((self.now, self.now + ser, pk.msg, pk.seq, link, pk.wire, pk.ptype))
         self.packets_sent += 1
         prev = pk.in_link
         pk.in_link = link
