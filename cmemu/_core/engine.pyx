@@ -128,16 +128,16 @@ cdef struct LinkInfo:
     int32_t rr
     int32_t in_slot
     int32_t voq_slots
-    uint8_t free_pending
     uint8_t alive
-    uint8_t pad0[6]
+    uint8_t pad0[7]
     # Counters.
     int64_t bytes
     int64_t busy
     int64_t cur_bin
     int64_t cur_bytes
     int64_t cur_busy
-    int64_t pad1[3]
+    int64_t free_at   # the earliest pending on_link_free (-1: none)
+    int64_t pad1[2]
 
 
 cdef struct Packet:
@@ -342,6 +342,7 @@ cdef class Engine:
     cdef PacketRecord* recs
     cdef int64_t recs_len, recs_cap
     cdef readonly bint record_packets
+    cdef readonly bint eager  # packets join the next link's queue when sent (no failures during the run)
 
     def __cinit__(self):
         self.lk = NULL
@@ -501,7 +502,7 @@ cdef class Engine:
             self.lk[i].rr = 0
             self.lk[i].in_slot = in_slot[i]
             self.lk[i].voq_slots = vslots[i]
-            self.lk[i].free_pending = 0
+            self.lk[i].free_at = -1
             self.lk[i].alive = alive[i]
             self.lk[i].bytes = 0
             self.lk[i].busy = 0
@@ -534,6 +535,7 @@ cdef class Engine:
         self.series_cap = 1024
         self.series = <int64_t*>malloc(self.series_cap * 4 * sizeof(int64_t))
         self.record_packets = record_packets
+        self.eager = self.fail_time.shape[0] == 0
 
         self.pkt_cap = 1024
         self.pkts = <Packet*>malloc(self.pkt_cap * sizeof(Packet))
@@ -1096,14 +1098,12 @@ cdef class Engine:
     cdef int try_transmit(self, int32_t link) except -1:
         """Start the next packet on an idle link: round robin over its non-empty VOQs whose
         head packet fits in the receiver's credits."""
-        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1
-        cdef int32_t p = -1, prev, vl
+        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1, arrive
+        cdef int32_t p = -1, prev, vl, nxt, s, d
         if self.lk[link].queued == 0 or not self.lk[link].alive:
             return 0
         if self.lk[link].busy_until > self.now:
-            if not self.lk[link].free_pending:
-                self.lk[link].free_pending = 1
-                self.push(self.lk[link].busy_until, EV_LINK_FREE, link)
+            self.wake_link(link, self.lk[link].busy_until)
             return 0
         base = self.lk[link].voq_base
         n = self.lk[link].voq_slots * NUM_VLS
@@ -1129,9 +1129,8 @@ cdef class Engine:
         if p < 0:
             # Every head waits: for credits (a credit return will call again), or for its issue
             # time (wake up then).
-            if wake >= 0 and not self.lk[link].free_pending:
-                self.lk[link].free_pending = 1
-                self.push(wake, EV_LINK_FREE, link)
+            if wake >= 0:
+                self.wake_link(link, wake)
             return 0
         self.voq_head[q] = self.pkts[p].next
         if self.voq_head[q] < 0:
@@ -1149,10 +1148,26 @@ cdef class Engine:
         self.packets_sent += 1
         prev = self.pkts[p].in_link
         self.pkts[p].in_link = link
-        self.push(self.now + ser + self.lk[link].lat, EV_PKT_ARRIVE, p)
-        if self.lk[link].queued > 0 and not self.lk[link].free_pending:
-            self.lk[link].free_pending = 1
-            self.push(self.lk[link].busy_until, EV_LINK_FREE, link)
+        arrive = self.now + ser + self.lk[link].lat
+        nxt = -1
+        if self.eager:
+            # Cut the arrival event at a switch: the packet joins the next link's queue now,
+            # not to leave before it has arrived (its ready time). The queue is per input link,
+            # which delivers in order, so the queue's order is the order of arrival.
+            self.leg_ends(p, &s, &d)
+            nxt = self.route_link(self.msg_path[self.pkts[p].msg], s, d, self.pkts[p].plane, self.pkts[p].uplink,
+                                  self.pkts[p].hop + 1)
+            if nxt >= 0 and not self.lk[nxt].alive:
+                nxt = -1
+        if nxt >= 0:
+            self.pkts[p].hop += 1
+            self.pkts[p].ready = arrive
+            self.voq_append(nxt, self.lk[link].in_slot, p)
+            self.wake_link(nxt, arrive if arrive > self.lk[nxt].busy_until else self.lk[nxt].busy_until)
+        else:
+            self.push(arrive, EV_PKT_ARRIVE, p)
+        if self.lk[link].queued > 0:
+            self.wake_link(link, self.lk[link].busy_until)
         if prev >= 0:
             # The packet left prev's receive buffer: its credit goes back to prev's sender.
             self.credits[prev * NUM_VLS + vl] += self.pkts[p].wire
@@ -1432,8 +1447,18 @@ cdef class Engine:
         self.inject(ep)
         return 0
 
+    cdef int wake_link(self, int32_t link, int64_t t) except -1:
+        """Make sure the link looks at its queues again at t (one pending wake-up per link: the
+        earliest; later ones left in the queue are ignored when they come)."""
+        if self.lk[link].free_at < 0 or t < self.lk[link].free_at:
+            self.lk[link].free_at = t
+            self.push(t, EV_LINK_FREE, link)
+        return 0
+
     cdef int on_link_free(self, int32_t link) except -1:
-        self.lk[link].free_pending = 0
+        if self.now != self.lk[link].free_at:
+            return 0  # superseded by an earlier wake-up
+        self.lk[link].free_at = -1
         self.try_transmit(link)
         return 0
 

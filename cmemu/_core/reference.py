@@ -140,7 +140,8 @@ class Engine:
         self.voq_slots = F.link_voq_slots.tolist()
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).tolist()
         self.busy_until = [0] * n_links
-        self.free_pending = [False] * n_links
+        self.free_at = [-1] * n_links
+        self.eager = len(self.fail_time) == 0
         self.queued = [0] * n_links
         self.rr = [0] * n_links
         self.voq_head = [-1] * F.num_voqs
@@ -386,9 +387,7 @@ class Engine:
         if self.queued[link] == 0 or not self.link_alive[link]:
             return
         if self.busy_until[link] > self.now:
-            if not self.free_pending[link]:
-                self.free_pending[link] = True
-                self.push(self.busy_until[link], EV_LINK_FREE, link)
+            self.wake_link(link, self.busy_until[link])
             return
         base = self.voq_base[link]
         n = self.voq_slots[link] * NUM_VLS
@@ -406,9 +405,8 @@ class Engine:
                 p = head
                 break
         if p < 0:
-            if wake >= 0 and not self.free_pending[link]:
-                self.free_pending[link] = True
-                self.push(wake, EV_LINK_FREE, link)
+            if wake >= 0:
+                self.wake_link(link, wake)
             return
         pk = self.pkts[p]
         self.voq_head[q] = self.pkt_next[p]
@@ -426,10 +424,22 @@ class Engine:
         self.packets_sent += 1
         prev = pk.in_link
         pk.in_link = link
-        self.push(self.now + ser + self.link_lat[link], EV_PKT_ARRIVE, p)
-        if self.queued[link] > 0 and not self.free_pending[link]:
-            self.free_pending[link] = True
-            self.push(self.busy_until[link], EV_LINK_FREE, link)
+        arrive = self.now + ser + self.link_lat[link]
+        nxt = -1
+        if self.eager:
+            s, d = self.leg_ends(p)
+            nxt = self.route_link(self.msg_path[pk.msg], s, d, pk.plane, pk.uplink, pk.hop + 1)
+            if nxt >= 0 and not self.link_alive[nxt]:
+                nxt = -1
+        if nxt >= 0:
+            pk.hop += 1
+            pk.ready = arrive
+            self.voq_append(nxt, self.link_in_slot[link], p)
+            self.wake_link(nxt, max(arrive, self.busy_until[nxt]))
+        else:
+            self.push(arrive, EV_PKT_ARRIVE, p)
+        if self.queued[link] > 0:
+            self.wake_link(link, self.busy_until[link])
         if prev >= 0:
             self.credits[prev * NUM_VLS + vl] += pk.wire
             self.try_transmit(prev)
@@ -617,8 +627,15 @@ class Engine:
             self.ep_wake_pending[ep] = False
         self.inject(ep)
 
+    def wake_link(self, link, t):
+        if self.free_at[link] < 0 or t < self.free_at[link]:
+            self.free_at[link] = t
+            self.push(t, EV_LINK_FREE, link)
+
     def on_link_free(self, link):
-        self.free_pending[link] = False
+        if self.now != self.free_at[link]:
+            return
+        self.free_at[link] = -1
         self.try_transmit(link)
 
     def on_packet_arrive(self, p):
