@@ -87,8 +87,9 @@ def main():
 @click.option("--compression", type=click.Choice(["gzip", "lzf", "none"]), default="gzip", show_default=True,
               help="Timeline compression: gzip (with shuffle; smallest), lzf (faster), none.")
 @click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
-              help="What the timeline records: ops; ops and pipe/engine tasks (when the engine models "
-                   "them); packets (not available yet).")
+              help="What the timeline records: ops; ops and pipe/engine tasks; packets: tasks and every "
+                   "packet on every link (/packets; small runs only: a warning above 1 M records, refused "
+                   "above 50 M or past --max-memory).")
 @click.option("--link-bin-ns", type=click.FloatRange(min=0), default=10_000, show_default=True,
               help="Width of the time bins of the per-link byte and busy-time counters, in ns (0: off).")
 @click.option("--fail", multiple=True, metavar="PART",

@@ -53,6 +53,16 @@ TRAFFIC_BYTES = 4  # per packet: the binned link counters, which grow with the t
 EVENT_BYTES = 32  # one pending event in the native heap or FIFO (time, seq, kind, two ids)
 # The pure-Python reference holds the same state in lists of Python ints and tuples.
 REFERENCE_FACTOR = 3
+# --detail packets keeps a record of every packet's transmission on every link. Before the run
+# they are counted as packets x PACKET_RECORD_LINKS (a UB packet between nodes crosses die -> L1
+# -> L2 -> L1 -> die; within a node two links, so this is an upper bound for writes; a read's
+# request and response each count). Each takes 40 B in the engine, 33 B in the arrays
+# packet_records() returns, and PACKET_ROW_BYTES as /packets columns before they are written.
+PACKET_RECORD_LINKS = 4
+PACKET_ROW_BYTES = 37  # start_ps, end_ps 8 B; link, msg, op, seq, wire_bytes 4 B; type 1 B
+PACKET_RECORD_BYTES = 40 + 33 + PACKET_ROW_BYTES
+PACKET_RECORDS_WARN = 1_000_000  # above: a warning on stderr with the estimate
+PACKET_RECORDS_MAX = 50_000_000  # above: refused before the run (--detail tasks instead)
 
 
 class MemoryLimitError(CmemuError):
@@ -114,16 +124,21 @@ class MemoryEstimate:
     messages: int
     packets: int
     live_packets: int
+    packet_records: int = 0  # --detail packets: transmissions of a packet on a link (estimated)
+    records_bytes: int = 0  # what those records take in memory
 
     @property
     def total_bytes(self) -> int:
-        return BASELINE_BYTES + self.trace_bytes + self.arrays_bytes + self.event_queue_bytes
+        return BASELINE_BYTES + self.trace_bytes + self.arrays_bytes + self.event_queue_bytes + self.records_bytes
 
     def describe(self) -> str:
+        records = (f", packet records {format_bytes(self.records_bytes)} for about "
+                   f"{self.packet_records:,} records" if self.packet_records else "")
         return (f"{self.ops:,} ops, {self.messages:,} messages ({self.packets:,} packets, at most "
                 f"{self.live_packets:,} in flight) need about {format_bytes(self.total_bytes)} "
                 f"(trace {format_bytes(self.trace_bytes)}, arrays and timeline "
-                f"{format_bytes(self.arrays_bytes)}, event queue {format_bytes(self.event_queue_bytes)})")
+                f"{format_bytes(self.arrays_bytes)}, event queue {format_bytes(self.event_queue_bytes)}"
+                f"{records})")
 
 
 def _pipes_of(op) -> int:
@@ -138,14 +153,15 @@ def _pipes_of(op) -> int:
 
 
 def estimate_memory(trace, topo: Topology, native: bool = True,
-                    pipe_intervals: int = DEFAULT_PIPE_INTERVALS) -> MemoryEstimate:
+                    pipe_intervals: int = DEFAULT_PIPE_INTERVALS, detail: str = "tasks") -> MemoryEstimate:
     """Peak memory of replaying a loaded trace, from its counts of ops, dependencies and messages.
 
     Packets do not scale it: the engine makes them as it injects them, and each endpoint has at
     most ``ub.max_outstanding_packets`` in flight. Every op, message, link, endpoint and packet
     in flight can have one event pending at once, and the queue's storage grows by doubling.
     The binned link counters grow with the traffic and the simulated time: a few bytes per
-    packet stand for them.
+    packet stand for them. With ``detail="packets"`` the engine also keeps a record of every
+    packet on every link it crosses (PACKET_RECORD_LINKS per packet, PACKET_RECORD_BYTES each).
     """
     from cmemu.lower.collectives import ub_chunk_byte
 
@@ -191,7 +207,33 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     if not native:
         arrays *= REFERENCE_FACTOR
         queue *= REFERENCE_FACTOR
-    return MemoryEstimate(len(trace.nodes) * NODE_BYTES, arrays, queue, ops, messages, packets, live)
+    records = packets * PACKET_RECORD_LINKS if detail == "packets" else 0
+    records_bytes = records * PACKET_RECORD_BYTES * (1 if native else REFERENCE_FACTOR)
+    return MemoryEstimate(len(trace.nodes) * NODE_BYTES, arrays, queue, ops, messages, packets, live,
+                          records, records_bytes)
+
+
+def check_packet_records(need: MemoryEstimate, limit_bytes: int, where: str = "", stream=None) -> None:
+    """--detail packets is for small runs: warn on stderr above PACKET_RECORDS_WARN records,
+    refuse (CmemuError, before the run) above PACKET_RECORDS_MAX or when the whole run with its
+    records would pass the memory limit."""
+    n = need.packet_records
+    if not n:
+        return
+    prefix = f"{where}: " if where else ""
+    size = (f"about {n:,} packet records (~{format_bytes(need.records_bytes)} in memory, "
+            f"~{format_bytes(n * PACKET_ROW_BYTES)} of /packets before compression)")
+    if n > PACKET_RECORDS_MAX or need.total_bytes > limit_bytes:
+        why = (f"more than the limit of {PACKET_RECORDS_MAX:,} records" if n > PACKET_RECORDS_MAX else
+               f"the run would need about {format_bytes(need.total_bytes)}, more than the memory limit "
+               f"of {format_bytes(limit_bytes)}")
+        raise MemoryLimitError(f"{prefix}--detail packets would keep {size}: {why}; --detail packets is "
+                               "for small runs: use --detail tasks (per-link counters stay in /links/binned)")
+    if n > PACKET_RECORDS_WARN:
+        out = stream if stream is not None else sys.stderr
+        out.write(f"cmemu: warning: {prefix}--detail packets will keep {size}; "
+                  "--detail tasks keeps per-link counters only\n")
+        out.flush()
 
 
 def check_clock_range(lowered: Lowered, fabric) -> None:
@@ -252,6 +294,8 @@ class RunResult:
     moe_pairs: dict | None = None
     pipe_tasks: dict | None = None  # the COMP ops' pipe intervals (pipe_interval_tasks), /tasks rows
     pipe_intervals: int | None = None  # at most this many per COMP op and pipe in pipe_tasks
+    # --detail packets: every packet's transmission on every link (schema.PACKET_FIELDS), to /packets
+    packets: dict | None = None
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
@@ -296,15 +340,16 @@ def resolve_system(trace_system: str | None, system: str | None, overrides=()) -
 
 
 def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress | None = None,
-             queue_limit_bytes: int | None = None, bin_ps: int = 0):
+             queue_limit_bytes: int | None = None, bin_ps: int = 0, record_packets: bool = False):
     """Run the engine to the end; raise SimulationError if ops stay blocked or time ran back.
 
     The engine runs in slices of EVENTS_PER_SLICE events. Between slices: progress, and the
     event queue's high-water mark against ``queue_limit_bytes`` (MemoryLimitError above it).
     A KeyboardInterrupt lands between slices (the native loop holds no Python frame); the
     progress line is closed and the interrupt goes on to the caller.
+    ``record_packets`` keeps every packet's transmission on every link (``engine.packet_records()``).
     """
-    engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps)
+    engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps, record_packets=record_packets)
     per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
     try:
         while not _run_slice(engine, lowered, fabric):
@@ -445,7 +490,8 @@ def run_trace(
     topo = build_topology(spec)
     trace = load_trace(trace_path, num_ranks=spec.dies, read=read)
     del read  # the parsed document: the checked nodes hold all the run needs
-    need = estimate_memory(trace, topo, native=native, pipe_intervals=pipe_intervals)
+    need = estimate_memory(trace, topo, native=native, pipe_intervals=pipe_intervals, detail=detail)
+    check_packet_records(need, limit, str(trace_path))
     if need.total_bytes > limit:
         raise MemoryLimitError(
             f"{trace_path}: {need.describe()}, more than the memory limit of {format_bytes(limit)}; "
@@ -461,7 +507,9 @@ def run_trace(
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
     queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
     bin_ps = ns_to_ps(link_bin_ns) if link_bin_ns else 0
-    engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps)
+    record = detail == "packets"
+    engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps,
+                      record_packets=record)
     full = RunResult(
         spec=spec,
         topology=topo,
@@ -480,7 +528,9 @@ def run_trace(
         msg_delivered_ps=np.asarray(engine.msg_delivered_ps),
         packets_sent=int(engine.packets_sent),
         packets_lost=int(getattr(engine, "packets_lost", 0)),
+        packets=engine.packet_records() if record else None,
     )
+    del engine  # with record_packets, its copy of the records
     check_invariants(full)
     if lowered.pipe_task_op.size:
         full.pipe_tasks, full.pipe_intervals = pipe_interval_tasks(full, pipe_intervals)
@@ -679,6 +729,32 @@ def moe_pairs(trace) -> dict:
     return {"dispatch_op": np.asarray(disp, dtype=np.int32), "combine_op": np.asarray(comb, dtype=np.int32)}
 
 
+def packet_rows(full: RunResult, keep: np.ndarray) -> dict:
+    """The engine's packet records (``engine.packet_records()``, messages of the lowering) as
+    /packets rows: ``msg`` becomes the row in /messages (-1 for a message a collective made
+    inside itself, which /messages does not list) and ``op`` the row in /ops of the trace op
+    that moved it (the send of a write, the receive of a read, or the collective)."""
+    from cmemu.lower.fabric import MSG_WRITE
+
+    L = full.lowered
+    rec = full.packets
+    m = np.asarray(rec["msg"], dtype=np.int64)
+    new_id = np.cumsum(keep) - 1
+    msg = np.where(keep[m], new_id[m], -1).astype(np.int32) if m.size else np.zeros(0, np.int32)
+    # The op that moved each message: a write's send, a read's receive (the other if it has none).
+    send, recv = L.msg_send_op.astype(np.int64), L.msg_recv_op.astype(np.int64)
+    mover = np.where(L.msg_kind == MSG_WRITE, send, recv)
+    mover = np.where(mover >= 0, mover, np.maximum(send, recv))
+    nt = L.num_trace_ops
+    inner = mover >= nt
+    mover[inner] = L.op_parent[mover[inner]]
+    return {"start_ps": np.asarray(rec["start_ps"], dtype=np.int64), "end_ps": np.asarray(rec["end_ps"], dtype=np.int64),
+            "link": np.asarray(rec["link"], dtype=np.int32), "msg": msg,
+            "op": mover[m].astype(np.int32), "seq": np.asarray(rec["seq"], dtype=np.int32),
+            "wire_bytes": np.asarray(rec["wire_bytes"], dtype=np.int32),
+            "type": np.asarray(rec["ptype"], dtype=np.uint8)}
+
+
 def trace_result(full: RunResult) -> RunResult:
     """What a user sees of a run: the trace's own ops (a collective's node spans from its entry
     to its exit) and the messages between them; the ops a lowering added become tasks."""
@@ -702,10 +778,11 @@ def trace_result(full: RunResult) -> RunResult:
     if parts:
         tasks = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     hbm_die, hbm_stack = _hbm_series(full)
+    packets = packet_rows(full, keep) if full.packets is not None else None
     return dataclasses.replace(
         full, lowered=view, op_start_ps=start[:nt], op_end_ps=full.op_end_ps[:nt], tasks=tasks,
         msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],
-        hbm_series=hbm_die, hbm_stack_series=hbm_stack, moe_pairs=moe_pairs(full.trace),
+        hbm_series=hbm_die, hbm_stack_series=hbm_stack, moe_pairs=moe_pairs(full.trace), packets=packets,
         fabric_messages=L.num_messages, fabric_packets=int(full.msg_packets.sum()),
         fabric_bytes=int(L.msg_bytes.sum()),
     )

@@ -193,12 +193,12 @@ def test_detail_ops_omits_recorded_tasks(tiny, tmp_path):
         assert f.attrs["detail"] == "ops"
 
 
-def test_detail_packets_is_a_clear_error_before_the_run(cli, tmp_path):
+def test_detail_packets_writes_packets(cli, tmp_path):
+    # The /packets group itself: tests/test_packets.py.
     out = tmp_path / "o.h5"
-    proc = cli("run", TINY, "-o", out, "--detail", "packets", check=False)
-    assert proc.returncode == 2
-    assert "packets" in proc.stderr and "not available" in proc.stderr and "--detail tasks" in proc.stderr
-    assert not out.exists()
+    cli("run", TINY, "-o", out, "--detail", "packets", "-q")
+    with h5py.File(out) as f:
+        assert f.attrs["detail"] == "packets" and "packets" in f
 
 
 @pytest.mark.parametrize("change, words", [

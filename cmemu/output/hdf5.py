@@ -21,6 +21,8 @@ import cmemu
 from cmemu.lower import OP_TYPES
 from cmemu.output.schema import (
     LINK_SERIES_FIELDS, HBM_SERIES_FIELDS, HBM_STACK_SERIES_FIELDS, MOE_PAIR_FIELDS,
+    PACKET_FIELDS,
+    PACKET_TYPE_NAMES,
     PIPE_NAMES,
     TASK_FIELDS,
     TIMELINE_FORMAT,
@@ -34,6 +36,7 @@ from cmemu.topology import LINK_KIND_NAMES
 OP_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(OP_TYPES)}, basetype="u1")
 LINK_KIND_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(LINK_KIND_NAMES)}, basetype="u1")
 PIPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(PIPE_NAMES)}, basetype="u1")
+PACKET_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(PACKET_TYPE_NAMES)}, basetype="u1")
 CHUNK_ROWS = 1 << 16
 
 TASKS_RECORDED = "recorded"
@@ -146,6 +149,51 @@ def _write(f: h5py.File, r, w: _Writer, detail: str) -> None:
     _write_dies(f, r, spec, w)
     _write_tasks(f, r, w, detail)
     _write_moe_pairs(f, r, w)
+    if detail == "packets":
+        _write_packets(f, r, w)
+
+
+def _write_packets(f, r, w: _Writer) -> None:
+    """/packets (v4, --detail packets only): every packet's transmission on every link."""
+    packets = getattr(r, "packets", None)
+    if packets is None:
+        raise ValueError("detail 'packets' needs RunResult.packets: run with detail='packets' "
+                         "(the engine's record_packets)")
+    cols = _columns("RunResult.packets", packets, PACKET_FIELDS)
+    nlinks, nmsgs, nops = r.topology.num_links, r.lowered.num_messages, r.lowered.num_ops
+    link, msg, op = cols["link"], cols["msg"], cols["op"]
+    if link.size:
+        if link.min() < 0 or link.max() >= nlinks:
+            raise ValueError(f"RunResult.packets: link outside 0..{nlinks - 1}")
+        if msg.min() < -1 or msg.max() >= nmsgs or op.min() < -1 or op.max() >= nops:
+            raise ValueError(f"RunResult.packets: msg outside -1..{nmsgs - 1} or op outside -1..{nops - 1}")
+        if np.any(cols["end_ps"] < cols["start_ps"]) or cols["wire_bytes"].min() <= 0:
+            raise ValueError("RunResult.packets: a packet ends before it starts, or has no bytes")
+        if cols["type"].max() >= len(PACKET_TYPE_NAMES):
+            raise ValueError(f"RunResult.packets: type code above {len(PACKET_TYPE_NAMES) - 1}")
+    # Every transmission is recorded, so per link they add up to the run's totals.
+    for name, col, totals in (("wire_bytes", cols["wire_bytes"], r.link_bytes),
+                              ("busy time", cols["end_ps"] - cols["start_ps"], r.link_busy_ps)):
+        summed = np.bincount(link, weights=col, minlength=nlinks).astype(np.int64) if link.size \
+            else np.zeros(nlinks, dtype=np.int64)
+        bad = np.flatnonzero(summed != np.asarray(totals, dtype=np.int64))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"RunResult.packets: the {name} of link {i}'s packets sum to {summed[i]}, "
+                             f"but the run's total is {int(totals[i])}")
+    order = np.argsort(cols["start_ps"], kind="stable")  # the engine's start order, kept if sorted
+    g = f.create_group("packets")
+    g.attrs["doc"] = ("one row per transmission of a packet on a link (--detail packets), in the order they "
+                      "started; per link the rows sum to /links bytes and busy_ps")
+    w.dataset(g, "start_ps", cols["start_ps"][order], unit="ps", doc="when its head started serialising onto the link")
+    w.dataset(g, "end_ps", cols["end_ps"][order], unit="ps", doc="when its tail left the sender")
+    w.dataset(g, "link", link[order], doc="row in /links")
+    w.dataset(g, "msg", msg[order], doc="row in /messages; -1 for a message a collective made inside itself")
+    w.dataset(g, "op", op[order], doc="row in /ops of the op that moved it: a write's send, a read's receive, "
+                                      "or the collective")
+    w.dataset(g, "seq", cols["seq"][order], doc="packet number within its message, from 0")
+    w.dataset(g, "wire_bytes", cols["wire_bytes"][order], unit="B", doc="bytes on the wire, headers included")
+    w.dataset(g, "type", cols["type"][order], dtype=PACKET_TYPE_ENUM)
 
 
 def _write_dies(f, r, spec, w: _Writer) -> None:

@@ -15,8 +15,8 @@ import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.lower import OP_TYPES
-from cmemu.output.schema import PIPE_NAMES, READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
-from cmemu.output.summary import busy_union_ps, die_summary
+from cmemu.output.schema import PACKET_TYPE_NAMES, PIPE_NAMES, READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
+from cmemu.output.summary import busy_union_ps, die_summary, hbm_capacity, hbm_figures
 from cmemu.topology import LINK_KIND_NAMES
 
 class TimelineError(CmemuError):
@@ -26,8 +26,10 @@ class TimelineError(CmemuError):
 # The layout version that added each group (docs/timeline-format.md, Versions). A group newer
 # than the file is missing with a message saying so; an optional one the run did not record, too.
 ADDED_IN = {"dies": 2, "tasks": 2, "links/binned": 2, "dies/hbm_binned": 3, "dies/hbm_stack_binned": 4,
-            "moe_pairs": 4}
-OPTIONAL = {"links/binned": "the run binned no counters (cmemu run --link-bin-ns 0)",
+            "moe_pairs": 4, "packets": 4}
+OPTIONAL = {"packets": "the run was written without --detail packets (cmemu run TRACE --detail packets keeps "
+                       "every packet on every link; for small runs)",
+            "links/binned": "the run binned no counters (cmemu run --link-bin-ns 0)",
             "dies/hbm_binned": "the run binned no counters (cmemu run --link-bin-ns 0)",
             "dies/hbm_stack_binned": "the run binned no counters (cmemu run --link-bin-ns 0)"}
 
@@ -253,6 +255,22 @@ class Timeline:
         return _table({"dispatch_op": d, "combine_op": k, "rank": rank[d], "dispatch_start_ps": start[d],
                        "combine_end_ps": end[k]}, self.as_numpy)
 
+    def has_packets(self) -> bool:
+        return "packets" in self._f
+
+    def packets(self):
+        """Every transmission of a packet on a link (v4, --detail packets), in the order they
+        started: start_ps, end_ps (its tail left the sender), dur_ps, link (row of links()), msg
+        (row of messages(), -1 for a collective's internal message), op (row of ops()), seq
+        (packet of its message), wire_bytes, type (WRITE, READ_REQ, READ_RESP). A file written
+        without --detail packets raises TimelineError saying so."""
+        g = self.require("packets")
+        c = self.columns("packets")
+        types = _enum_names(g["type"], PACKET_TYPE_NAMES)
+        return _table({"start_ps": c["start_ps"], "end_ps": c["end_ps"], "dur_ps": c["end_ps"] - c["start_ps"],
+                       "link": c["link"], "msg": c["msg"], "op": c["op"], "seq": c["seq"],
+                       "wire_bytes": c["wire_bytes"], "type": _names(c["type"], types)}, self.as_numpy)
+
     @property
     def hbm_bin_ps(self) -> int | None:
         return int(self._f["dies/hbm_binned"].attrs["bin_ps"]) if self.has_hbm_bins() else None
@@ -385,9 +403,6 @@ def summarize(t: Timeline) -> dict:
         }
     ub = np.isin(links["kind"], [k for k, name in enumerate(t.link_kinds) if name.startswith("ub_")])
     ub_capacity = float((links["rate_byte_per_s"][ub]).sum()) * end / 1e12
-    hbm_bytes = d["hbm_read_bytes"] + d["hbm_write_bytes"]
-    hbm_rate = float(t.spec["die"]["hbm_bandwidth_gbyte_per_s"]) * 1e9
-    hbm_util = hbm_bytes / (hbm_rate * end / 1e12) if end > 0 else np.zeros(hbm_bytes.shape)
     return {
         "preset": t.attrs.get("preset"),
         "dies": dies,
@@ -405,16 +420,47 @@ def summarize(t: Timeline) -> dict:
         },
         "ub_utilisation_percent": 100.0 * float(links["bytes"][ub].sum()) / ub_capacity if ub_capacity else 0.0,
         "link_kinds": kinds,
-        "hbm": {
-            "source": "MEM_LOAD/MEM_STORE bytes; COMP operand traffic is not recorded",
-            "bytes": int(hbm_bytes.sum()),
-            "utilisation_per_die_mean_percent": 100.0 * float(hbm_util[active].mean()) if active.any() else 0.0,
-            "utilisation_per_die_max_percent": 100.0 * float(hbm_util.max()) if dies else 0.0,
-        },
+        "hbm": hbm_summary(t, d, active),
         "tasks": t.tasks_status(),
         "pipes": pipe_figures(t),
         "link_bins": "recorded" if t.has_link_bins() else "not recorded",
     }
+
+
+HBM_SOURCE_BINNED = ("every op's HBM traffic in /dies/hbm_binned: COMP ops' reads and writes (die model), "
+                     "MEM_LOAD/MEM_STORE, collectives' loads, DMA reads and copies")
+HBM_SOURCE_MEM_OPS = "MEM_LOAD/MEM_STORE bytes only"
+
+
+def hbm_summary(t: Timeline, d: dict, active) -> dict:
+    """HBM utilisation per die over the makespan against the die's capacity (``summary.hbm_capacity``),
+    from /dies/hbm_binned (and the busiest stack from /dies/hbm_stack_binned, v4). A file without
+    them (older than v3, or a run with --link-bin-ns 0) falls back to the MEM op bytes, with a note."""
+    rate, capacity = hbm_capacity(t.spec)
+    end = t.sim_end_ps
+    note = None
+    stacks = bins = None
+    if t.has_hbm_bins():
+        c = t.columns("dies/hbm_binned")
+        die_bytes = np.bincount(c["die"], weights=c["bytes"], minlength=t.dies_count).astype(np.int64)
+        bins = (c["die"], c["bin"], c["bytes"], t.hbm_bin_ps)
+        source = HBM_SOURCE_BINNED
+        if t.has_hbm_stack_bins():
+            sc = t.columns("dies/hbm_stack_binned")
+            stacks = (sc["die"], sc["stack"], sc["bytes"], t.hbm_stacks)
+        else:
+            note = "no busiest stack: the file has no /dies/hbm_stack_binned (layout v4 added it)"
+    else:
+        die_bytes = d["hbm_read_bytes"] + d["hbm_write_bytes"]
+        source = HBM_SOURCE_MEM_OPS
+        why = (f"layout version {t.version} has no /dies/hbm_binned" if t.version < ADDED_IN["dies/hbm_binned"]
+               else "the run binned no counters (--link-bin-ns 0)")
+        note = f"{why}: COMP ops' and collectives' HBM traffic is not counted"
+    out = {"source": source, "capacity": capacity}
+    out.update(hbm_figures(die_bytes, end, rate, active, stacks=stacks, bins=bins))
+    out["nominal_gbyte_per_s"] = float(t.spec["die"]["hbm_bandwidth_gbyte_per_s"])
+    out["note"] = note
+    return out
 
 
 def pipe_figures(t: Timeline) -> dict:
