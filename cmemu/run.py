@@ -296,6 +296,7 @@ class RunResult:
     pipe_intervals: int | None = None  # at most this many per COMP op and pipe in pipe_tasks
     # --detail packets: every packet's transmission on every link (schema.PACKET_FIELDS), to /packets
     packets: dict | None = None
+    hbm_clock: dict | None = None  # Engine.hbm_clock(): each die's HBM clock (HBM shared by its ops)
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
@@ -427,12 +428,13 @@ def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
         return _op_label(lowered, i)
 
     # Ops that started but cannot end: receives waiting for a message first, they are the roots.
+    waiting = np.flatnonzero(delivered < 0)
     for i in blocked:
         if start[i] >= 0 and lowered.op_kind[i] == OP_KIND_RECV:
-            m = lowered.op_msg[i]
-            s = lowered.msg_send_op[m]
-            state = "never started" if start[s] < 0 else "has not delivered it"
-            if delivered[m] < 0:
+            # Its messages not yet delivered (a receive may wait for several).
+            for m in waiting[lowered.msg_recv_op[waiting] == i][:limit]:
+                s = lowered.msg_send_op[m]
+                state = "never started" if start[s] < 0 else "has not delivered it"
                 lines.append(f"{label(i)} waits for its message from {label(s)}, which {state}")
     for i in blocked:
         if start[i] < 0 and len(lines) < limit:
@@ -529,6 +531,7 @@ def run_trace(
         packets_sent=int(engine.packets_sent),
         packets_lost=int(getattr(engine, "packets_lost", 0)),
         packets=engine.packet_records() if record else None,
+        hbm_clock=engine.hbm_clock(),
     )
     del engine  # with record_packets, its copy of the records
     check_invariants(full)
@@ -577,11 +580,13 @@ def _trace_failures(trace) -> tuple[list[str], list[tuple[int, str]]]:
 
 
 def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
-    """Each op's HBM bytes spread evenly over its run, per die, stack and bin (the link counters'
-    bins): (per-die series, per-stack series). The bytes of an op go to the stacks as the
+    """Each op's HBM bytes spread over its run, per die, stack and bin (the link counters' bins):
+    (per-die series, per-stack series). Evenly in time, or, for an op that shared its die's HBM,
+    as the die's HBM clock advanced (``cmemu._core.binning``). The bytes of an op go to the stacks as the
     address interleave puts a contiguous region at address 0 (``cmemu.die.hbm.stack_bytes``; the
     trace gives no addresses); the per-die series is the per-stack one summed, so both agree."""
-    from cmemu._core.binning import bin_intervals
+    from cmemu._core import hbm_sharing
+    from cmemu._core.binning import bin_intervals, clock_tables
     from cmemu.die.hbm import HBMParams, stack_bytes
 
     if full.link_series is None:
@@ -594,7 +599,14 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     share = stack_bytes(hp, L.op_hbm_bytes[has])  # [ops, stacks]
     keys = (L.op_rank[has].astype(np.int64)[:, None] * stacks + np.arange(stacks)[None, :]).ravel()
     rep = lambda a: np.repeat(a, stacks)  # noqa: E731
-    key, b, nbytes = bin_intervals(keys, rep(full.op_start_ps[has]), rep(full.op_end_ps[has]), share.ravel(), bin_ps)
+    # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
+    clock_of = clock = None
+    if full.hbm_clock is not None and len(full.hbm_clock["die"]):
+        _, rate = hbm_sharing(L)
+        clock_of = rep(np.where(rate[has] > 0, L.op_rank[has], -1))
+        clock = clock_tables(full.hbm_clock, int(L.die_aic_cores.shape[0]))
+    key, b, nbytes = bin_intervals(keys, rep(full.op_start_ps[has]), rep(full.op_end_ps[has]), share.ravel(), bin_ps,
+                                   clock_of=clock_of, clock=clock)
     keep = nbytes > 0
     key, b, nbytes = key[keep], b[keep], nbytes[keep]
     die, stack = key // stacks, key % stacks

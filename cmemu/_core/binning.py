@@ -5,6 +5,11 @@ bin): the HBM bytes an op moves, spread over its duration, per die and time bin.
 value is split in proportion to its overlap with each bin (rounded down, in double precision: no
 64-bit product can overflow), the remainder going to its last bin, so the bins of every key add
 up exactly to its total.
+
+With a clock (``cmemu._core.Engine.hbm_clock``: a die's HBM clock, piecewise linear in time), an
+interval on that die is spread in proportion to the clock's advance over each bin instead of
+real time: an op that shares its die's HBM moves its bytes at the rate the sharing gives it
+(faster while it runs alone), so the bins of a die never show more than its capacity.
 """
 from __future__ import annotations
 
@@ -13,7 +18,22 @@ from numba import njit
 
 
 @njit(cache=True)
-def _spread(keys, start, end, value, bin_ps, n_keys):
+def _clock_at(t, lo, hi, ct, cv, cs):
+    """The clock of one die (its records ct/cv/cs[lo:hi], in time order) at time t."""
+    if hi <= lo or t < ct[lo]:
+        return float(t)
+    a, b = lo, hi - 1
+    while a < b:  # the last record at or before t
+        m = (a + b + 1) // 2
+        if ct[m] <= t:
+            a = m
+        else:
+            b = m - 1
+    return cv[a] + (t - ct[a]) * cs[a]
+
+
+@njit(cache=True)
+def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs):
     # First pass: how many (key, bin) pairs each interval touches, to size the output.
     total = 0
     for i in range(keys.shape[0]):
@@ -38,10 +58,22 @@ def _spread(keys, start, end, value, bin_ps, n_keys):
         b = s // bin_ps
         last = (e - 1) // bin_ps
         given = 0
+        c = clock_of[i]
+        vs, ve = 0.0, 0.0
+        if c >= 0:
+            vs = _clock_at(s, cptr[c], cptr[c + 1], ct, cv, cs)
+            ve = _clock_at(e, cptr[c], cptr[c + 1], ct, cv, cs)
+            if ve <= vs:
+                c = -1
         while b <= last:
             lo = max(s, b * bin_ps)
             hi = min(e, (b + 1) * bin_ps)
-            share = v - given if b == last else np.int64(v * ((hi - lo) / (e - s)))
+            if c >= 0:
+                frac = (_clock_at(hi, cptr[c], cptr[c + 1], ct, cv, cs)
+                        - _clock_at(lo, cptr[c], cptr[c + 1], ct, cv, cs)) / (ve - vs)
+            else:
+                frac = (hi - lo) / (e - s)
+            share = v - given if b == last else np.int64(v * frac)
             out_key[k] = keys[i]
             out_bin[k] = b
             out_val[k] = share
@@ -63,19 +95,56 @@ def _combine(key, bin_, val):
     return key[starts].astype(np.int32), bin_[starts].astype(np.int32), np.add.reduceat(val, starts)
 
 
-def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True):
-    """(key, bin, value) COO arrays: each interval's value spread over its time, summed per bin."""
+def clock_tables(clock, dies: int):
+    """A run's HBM clock records (``Engine.hbm_clock()``) as per-die CSR tables for the kernel:
+    (ptr int64[dies + 1], time int64, clock float64, speed float64), time order within a die."""
+    die = np.asarray(clock["die"], dtype=np.int64)
+    order = np.argsort(die, kind="stable")  # records come in time order: keep it per die
+    ptr = np.zeros(dies + 1, dtype=np.int64)
+    np.cumsum(np.bincount(die, minlength=dies)[:dies], out=ptr[1:])
+    cap = np.asarray(clock["capacity"], dtype=np.float64)
+    demand = np.asarray(clock["demand"], dtype=np.float64)[order]
+    speed = np.ones(order.size)
+    over = demand > cap[die[order]]
+    speed[over] = cap[die[order]][over] / demand[over]
+    return (ptr, np.asarray(clock["t_ps"], dtype=np.int64)[order],
+            np.asarray(clock["clock_ps"], dtype=np.float64)[order], speed)
+
+
+def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clock_of=None, clock=None):
+    """(key, bin, value) COO arrays: each interval's value spread over its time, summed per bin.
+
+    ``clock_of`` (per interval, a die or -1) and ``clock`` (``clock_tables``): intervals on a die
+    with a clock are spread by that clock's advance instead of real time."""
     args = [np.ascontiguousarray(a, dtype=np.int64) for a in (keys, start, end, value)]
+    n = args[0].shape[0]
+    if clock is None or clock_of is None:
+        clock_of = np.full(n, -1, dtype=np.int64)
+        clock = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+    clock_of = np.ascontiguousarray(clock_of, dtype=np.int64)
     if native:
-        k, b, v = _spread(*args, np.int64(bin_ps), np.int64(0))
+        k, b, v = _spread(*args, np.int64(bin_ps), clock_of, *clock)
     else:
-        k, b, v = _spread_reference(*args, bin_ps)
+        k, b, v = _spread_reference(*args, bin_ps, clock_of, clock)
     return _combine(k, b, v)
 
 
-def _spread_reference(keys, start, end, value, bin_ps):
+def _clock_at_reference(t, lo, hi, ct, cv, cs):
+    if hi <= lo or t < ct[lo]:
+        return float(t)
+    a = lo
+    for k in range(lo, hi):  # the last record at or before t
+        if ct[k] <= t:
+            a = k
+        else:
+            break
+    return cv[a] + (t - ct[a]) * cs[a]
+
+
+def _spread_reference(keys, start, end, value, bin_ps, clock_of, clock):
+    cptr, ct, cv, cs = (a.tolist() for a in clock)
     ok, ob, ov = [], [], []
-    for key, s, e, v in zip(keys.tolist(), start.tolist(), end.tolist(), value.tolist()):
+    for key, s, e, v, c in zip(keys.tolist(), start.tolist(), end.tolist(), value.tolist(), clock_of.tolist()):
         if v <= 0:
             continue
         if e <= s:
@@ -83,9 +152,16 @@ def _spread_reference(keys, start, end, value, bin_ps):
             continue
         given = 0
         last = (e - 1) // bin_ps
+        if c >= 0:
+            def at(t, c=c):
+                return _clock_at_reference(t, cptr[c], cptr[c + 1], ct, cv, cs)
+            vs, ve = at(s), at(e)
+            if ve <= vs:
+                c = -1
         for b in range(s // bin_ps, last + 1):
             lo, hi = max(s, b * bin_ps), min(e, (b + 1) * bin_ps)
-            share = v - given if b == last else int(v * ((hi - lo) / (e - s)))
+            frac = (at(hi) - at(lo)) / (ve - vs) if c >= 0 else (hi - lo) / (e - s)
+            share = v - given if b == last else int(v * frac)
             ok.append(key), ob.append(b), ov.append(share)
             given += share
     return (np.asarray(ok, dtype=np.int64), np.asarray(ob, dtype=np.int64), np.asarray(ov, dtype=np.int64))

@@ -247,6 +247,8 @@ cdef class Engine:
     cdef int64_t[::1] op_hend          # per op, the time its end was last scheduled for
     cdef int32_t[::1] op_hnext
     cdef int32_t[::1] op_hprev
+    cdef int64_t* hrec                 # (die, time, clock, demand) after every change of a share
+    cdef int64_t hrec_len, hrec_cap
     cdef int64_t[::1] op_tmax         # the latest ack / delivery time among them so far
     cdef int64_t[::1] res_free
     # Cores: an op holds op_aic AIC and op_aiv AIV cores of its die while it runs; ops that do
@@ -359,6 +361,9 @@ cdef class Engine:
         self.recs = NULL
         self.recs_len = 0
         self.recs_cap = 0
+        self.hrec = NULL
+        self.hrec_len = 0
+        self.hrec_cap = 0
 
     def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False):
         cdef int64_t i
@@ -600,6 +605,7 @@ cdef class Engine:
         free(self.pkts)
         free(self.series)
         free(self.recs)
+        free(self.hrec)
 
     # -- the event queue -----------------------------------------------------------------
     cdef int push(self, int64_t time, int32_t kind, int32_t a) except -1:
@@ -1278,6 +1284,34 @@ cdef class Engine:
             self.push(fin, EV_HBM_DONE, best)
         return 0
 
+    cdef int hbm_record(self, int32_t d) except -1:
+        cdef int64_t* grown
+        if self.hrec_len == self.hrec_cap:
+            grown = <int64_t*>realloc(self.hrec, 4 * max(256, 2 * self.hrec_cap) * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError("HBM clock records")
+            self.hrec = grown
+            self.hrec_cap = max(256, 2 * self.hrec_cap)
+        self.hrec[4 * self.hrec_len] = d
+        self.hrec[4 * self.hrec_len + 1] = self.now
+        self.hrec[4 * self.hrec_len + 2] = self.hbm_v[d]
+        self.hrec[4 * self.hrec_len + 3] = self.hbm_sum[d]
+        self.hrec_len += 1
+        return 0
+
+    def hbm_clock(self):
+        """Each die's HBM clock (see hbm_join): after every change of the die's demand, the
+        time, the clock's value and the demand (bytes/s), in time order; and each die's capacity.
+        Between two records the clock runs at min(1, capacity / demand)."""
+        out = np.empty((self.hrec_len, 4), dtype=np.int64)
+        cdef int64_t[:, ::1] o = out
+        cdef int64_t i, j
+        for i in range(self.hrec_len):
+            for j in range(4):
+                o[i, j] = self.hrec[4 * i + j]
+        return {"die": out[:, 0].astype(np.int32), "t_ps": out[:, 1].copy(), "clock_ps": out[:, 2].copy(),
+                "demand": out[:, 3].copy(), "capacity": np.asarray(self.hbm_cap).copy()}
+
     cdef int hbm_join(self, int32_t op) except -1:
         """A COMP op with HBM traffic starts: it joins its die's share."""
         cdef int32_t d = self.ops[op].die
@@ -1289,6 +1323,7 @@ cdef class Engine:
         if self.hbm_first[d] >= 0:
             self.op_hprev[self.hbm_first[d]] = op
         self.hbm_first[d] = op
+        self.hbm_record(d)
         return self.hbm_schedule(d)
 
     cdef int on_hbm_done(self, int32_t op) except -1:
@@ -1306,6 +1341,7 @@ cdef class Engine:
             self.hbm_first[d] = self.op_hnext[op]
         if self.op_hnext[op] >= 0:
             self.op_hprev[self.op_hnext[op]] = self.op_hprev[op]
+        self.hbm_record(d)
         self.hbm_schedule(d)
         return self.on_op_done(op)
 

@@ -72,6 +72,7 @@ class Engine:
         self.hbm_next_op = [-1] * n_dies
         self.op_target = [0] * self.n_ops
         self.op_hend = [-1] * self.n_ops
+        self.hrec = []
         self.op_start = [-1] * self.n_ops
         self.op_end = [-1] * self.n_ops
         self.res_free = [0] * max(int(L.n_resources), 1)
@@ -367,6 +368,11 @@ class Engine:
             if t >= end:
                 break
 
+    def hbm_clock(self):
+        out = np.asarray(self.hrec, dtype=np.int64).reshape(-1, 4)
+        return {"die": out[:, 0].astype(np.int32), "t_ps": out[:, 1].copy(), "clock_ps": out[:, 2].copy(),
+                "demand": out[:, 3].copy(), "capacity": np.asarray(self.hbm_cap, dtype=np.int64)}
+
     def packet_records(self):
         cols = list(zip(*self.recs)) if self.recs else [()] * 7
         types = (np.int64, np.int64, np.int32, np.int32, np.int32, np.int32, np.uint8)
@@ -528,6 +534,7 @@ class Engine:
         self.op_target[op] = self.hbm_v[d] + self.op_dur_ps[op]
         self.hbm_sum[d] += self.op_rate[op]
         self.hbm_running[d].append(op)
+        self.hrec.append((d, self.now, self.hbm_v[d], self.hbm_sum[d]))
         self.hbm_schedule(d)
 
     def on_hbm_done(self, op):
@@ -539,6 +546,7 @@ class Engine:
         self.hbm_advance(d)
         self.hbm_sum[d] -= self.op_rate[op]
         self.hbm_running[d].remove(op)
+        self.hrec.append((d, self.now, self.hbm_v[d], self.hbm_sum[d]))
         self.hbm_schedule(d)
         self.on_op_done(op)
 

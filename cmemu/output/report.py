@@ -122,9 +122,9 @@ def _hbm_lines(t, h: dict) -> list[str]:
         lines.append(f"{pad}busiest {p['bin_us']:,.3f} us bin: die {p['die']} at {p['start_us']:,.3f} us, "
                      f"{p['gbyte_per_s']:,.0f} GB/s ({p['utilisation_percent']:.1f}% of the capacity)")
         if p["utilisation_percent"] > 100.05:
-            lines.append(f"{pad}  (a bin spreads each op's bytes evenly over its run; an op that ran alone for a "
-                         "while and slowed by sharing for the rest moved more in the first part, so bins where "
-                         "ops overlap can pass the capacity; the figures over the makespan are not affected)")
+            lines.append(f"{pad}  (above the capacity: MEM_LOAD/MEM_STORE keep their own HBM server, outside the "
+                         "sharing of COMP ops, so bins where they overlap can pass it; the figures over the "
+                         "makespan are not affected)")
     if h.get("note"):
         lines.append(f"{pad}note: {h['note']}")
     return lines
@@ -328,12 +328,12 @@ def _hbm(plt, t, s, win, dies):
     top = float(grid.max()) if grid.size else 0.0
     ax.set_ylim(0, max(cap, nominal, top) * 1.1)
     if top > cap * 1.001:
-        ax.text(0.01, 0.97, "above the capacity: each op's bytes are spread evenly over its run, though it ran "
-                "faster while alone than while sharing the HBM (docs/model.md)",
+        ax.text(0.01, 0.97, "above the capacity: MEM_LOAD/MEM_STORE keep their own HBM server and do not "
+                "share with COMP ops (docs/model.md); or a file written before the bins followed the sharing",
                 transform=ax.transAxes, fontsize=8, va="top", color="tab:red")
     ax.set_xlabel(f"simulated time (µs), bins of {bin_ps / 1e6:,.3f} µs")
     ax.set_ylabel("HBM bandwidth (GB/s)")
-    ax.set_title("HBM bandwidth per die (each op's HBM traffic spread over its run)")
+    ax.set_title("HBM bandwidth per die (each op's HBM traffic over its run, as its share allowed)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return fig
 
