@@ -154,32 +154,55 @@ def union_by_position(pipe, start, busy, pipes_per_core, own_pipes):
     shared by the die, the HBM, and left out; zero-length instructions too): (position, start,
     end) of the disjoint intervals, sorted by position then start. ``py_func`` is the reference."""
     n = pipe.shape[0]
+    # First, per pipe, the runs of instructions that touch or overlap the run so far (a pipe runs
+    # its instructions back to back most of the time, so there are far fewer runs than
+    # instructions); then sort the runs and merge them per position.
+    cur_s = np.full(own_pipes, -1, dtype=np.int64)
+    cur_e = np.full(own_pipes, -1, dtype=np.int64)
+    run_p = np.empty(n, dtype=np.int64)
+    run_s = np.empty(n, dtype=np.int64)
+    run_e = np.empty(n, dtype=np.int64)
     m = 0
     for j in range(n):
-        if pipe[j] < own_pipes and busy[j] > 0:
+        q = pipe[j]
+        if q >= own_pipes or busy[j] <= 0:
+            continue
+        s = start[j]
+        e = s + busy[j]
+        if cur_e[q] >= 0 and cur_s[q] <= s and s <= cur_e[q]:
+            if e > cur_e[q]:
+                cur_e[q] = e
+        else:
+            if cur_e[q] >= 0:
+                run_p[m] = q
+                run_s[m] = cur_s[q]
+                run_e[m] = cur_e[q]
+                m += 1
+            cur_s[q] = s
+            cur_e[q] = e
+    for q in range(own_pipes):
+        if cur_e[q] >= 0:
+            run_p[m] = q
+            run_s[m] = cur_s[q]
+            run_e[m] = cur_e[q]
             m += 1
-    idx = np.empty(m, dtype=np.int64)
-    key = np.empty(m, dtype=np.int64)
-    k = 0
     span = 1
-    for j in range(n):
-        if start[j] + 1 > span:
-            span = start[j] + 1
-    for j in range(n):
-        if pipe[j] < own_pipes and busy[j] > 0:
-            idx[k] = j
-            key[k] = (pipe[j] % pipes_per_core) * span + start[j]
-            k += 1
+    for k in range(m):
+        if run_s[k] + 1 > span:
+            span = run_s[k] + 1
+    key = np.empty(m, dtype=np.int64)
+    for k in range(m):
+        key[k] = (run_p[k] % pipes_per_core) * span + run_s[k]
     order = np.argsort(key, kind="mergesort")
     out_p = np.empty(m, dtype=np.int64)
     out_s = np.empty(m, dtype=np.int64)
     out_e = np.empty(m, dtype=np.int64)
     r = -1
-    for q in range(m):
-        j = idx[order[q]]
-        p = pipe[j] % pipes_per_core
-        s = start[j]
-        e = s + busy[j]
+    for i in range(m):
+        k = order[i]
+        p = run_p[k] % pipes_per_core
+        s = run_s[k]
+        e = run_e[k]
         if r >= 0 and out_p[r] == p and s <= out_e[r]:
             if e > out_e[r]:
                 out_e[r] = e
