@@ -434,6 +434,9 @@ def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
             # Its messages not yet delivered (a receive may wait for several).
             for m in waiting[lowered.msg_recv_op[waiting] == i][:limit]:
                 s = lowered.msg_send_op[m]
+                if s < 0:  # a read: the receive started it, nobody sends
+                    lines.append(f"{label(i)} waits for the data it reads from endpoint {lowered.msg_src[m]}")
+                    continue
                 state = "never started" if start[s] < 0 else "has not delivered it"
                 lines.append(f"{label(i)} waits for its message from {label(s)}, which {state}")
     for i in blocked:

@@ -129,7 +129,8 @@ cdef struct LinkInfo:
     int32_t in_slot
     int32_t voq_slots
     uint8_t alive
-    uint8_t pad0[7]
+    uint8_t own_queue  # its far end keeps a queue per input link (fabric.link_own_queue)
+    uint8_t pad0[6]
     # Counters.
     int64_t bytes
     int64_t busy
@@ -344,7 +345,6 @@ cdef class Engine:
     cdef PacketRecord* recs
     cdef int64_t recs_len, recs_cap
     cdef readonly bint record_packets
-    cdef readonly bint eager  # packets join the next link's queue when sent (no failures during the run)
 
     def __cinit__(self):
         self.lk = NULL
@@ -497,6 +497,7 @@ cdef class Engine:
         cdef const int32_t[::1] vslots = F.link_voq_slots
         cdef const int64_t[::1] mbase = mask_base
         cdef const uint8_t[::1] alive = F.link_alive
+        cdef const uint8_t[::1] own_queue = F.link_own_queue
         for i in range(n_links):
             self.lk[i].busy_until = 0
             self.lk[i].rate = rate[i]
@@ -509,6 +510,7 @@ cdef class Engine:
             self.lk[i].voq_slots = vslots[i]
             self.lk[i].free_at = -1
             self.lk[i].alive = alive[i]
+            self.lk[i].own_queue = own_queue[i]
             self.lk[i].bytes = 0
             self.lk[i].busy = 0
             self.lk[i].cur_bin = -1
@@ -540,7 +542,6 @@ cdef class Engine:
         self.series_cap = 1024
         self.series = <int64_t*>malloc(self.series_cap * 4 * sizeof(int64_t))
         self.record_packets = record_packets
-        self.eager = self.fail_time.shape[0] == 0
 
         self.pkt_cap = 1024
         self.pkts = <Packet*>malloc(self.pkt_cap * sizeof(Packet))
@@ -906,6 +907,7 @@ cdef class Engine:
             self.lk[self.fail_links[i]].alive = 0
         if self.fail_die[k] >= 0:
             self.die_failed[self.fail_die[k]] = 1
+        self.revert_in_flight()
         for i in range(self.fail_ptr[k], self.fail_ptr[k + 1]):
             link = self.fail_links[i]
             base = self.lk[link].voq_base
@@ -924,6 +926,43 @@ cdef class Engine:
             self.lk[link].queued = 0
             for q in range((n + 63) >> 6):
                 self.voq_mask[self.lk[link].mask_base + q] = 0
+        return 0
+
+    cdef int revert_in_flight(self) except -1:
+        """Links just failed: a packet queued ahead for its next link (see try_transmit) that has
+        not arrived yet, on a failed link or for one, becomes an arrival event again, so that it is
+        lost when it arrives, as on_packet_arrive says (the queueing ahead changes no outcome)."""
+        cdef int64_t link, q, base, n, pos
+        cdef int32_t p, prev, nx, came
+        for link in range(self.n_links):
+            if self.lk[link].queued == 0:
+                continue
+            base = self.lk[link].voq_base
+            n = self.lk[link].voq_slots * NUM_VLS
+            for q in range(base, base + n):
+                p = self.voq_head[q]
+                prev = -1
+                while p >= 0:
+                    nx = self.pkts[p].next
+                    came = self.pkts[p].in_link
+                    if came >= 0 and self.pkts[p].ready > self.now and (
+                            not self.lk[came].alive or not self.lk[link].alive):
+                        if prev < 0:
+                            self.voq_head[q] = nx
+                        else:
+                            self.pkts[prev].next = nx
+                        if self.voq_tail[q] == p:
+                            self.voq_tail[q] = prev
+                        self.lk[link].queued -= 1
+                        self.pkts[p].hop -= 1
+                        self.pkts[p].link = came
+                        self.push(self.pkts[p].ready, EV_PKT_ARRIVE, p)
+                    else:
+                        prev = p
+                    p = nx
+                if self.voq_head[q] < 0:
+                    pos = q - base
+                    self.voq_mask[self.lk[link].mask_base + (pos >> 6)] &= ~((<uint64_t>1) << (pos & 63))
         return 0
 
     cdef int on_retransmit(self, int32_t p) except -1:
@@ -1156,10 +1195,11 @@ cdef class Engine:
         self.pkts[p].in_link = link
         arrive = self.now + ser + self.lk[link].lat
         nxt = -1
-        if self.eager:
+        if self.lk[link].own_queue:
             # Cut the arrival event at a switch: the packet joins the next link's queue now,
-            # not to leave before it has arrived (its ready time). The queue is per input link,
-            # which delivers in order, so the queue's order is the order of arrival.
+            # not to leave before it has arrived (its ready time). The queue is this link's
+            # alone (L1, L2: one per input link), which delivers in order, so the queue's order
+            # is the order of arrival. (At a switch with one FIFO for all inputs it would not be.)
             self.leg_ends(p, &s, &d)
             nxt = self.route_link(self.msg_path[self.pkts[p].msg], s, d, self.pkts[p].plane, self.pkts[p].uplink,
                                   self.pkts[p].hop + 1)

@@ -142,7 +142,7 @@ class Engine:
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).tolist()
         self.busy_until = [0] * n_links
         self.free_at = [-1] * n_links
-        self.eager = len(self.fail_time) == 0
+        self.link_own_queue = F.link_own_queue.tolist()
         self.queued = [0] * n_links
         self.rr = [0] * n_links
         self.voq_head = [-1] * F.num_voqs
@@ -277,6 +277,7 @@ class Engine:
             self.link_alive[self.fail_links[i]] = 0
         if self.fail_die[k] >= 0:
             self.die_failed[self.fail_die[k]] = True
+        self.revert_in_flight()
         for i in range(lo, hi):
             link = self.fail_links[i]
             base = self.voq_base[link]
@@ -291,6 +292,32 @@ class Engine:
                     self.lose(p)
                 self.voq_tail[q] = -1
             self.queued[link] = 0
+
+    def revert_in_flight(self):
+        for n in range(len(self.queued)):
+            if self.queued[n] == 0:
+                continue
+            base = self.voq_base[n]
+            for q in range(base, base + self.voq_slots[n] * NUM_VLS):
+                p, prev = self.voq_head[q], -1
+                while p >= 0:
+                    nx = self.pkt_next[p]
+                    pk = self.pkts[p]
+                    came = pk.in_link
+                    if came >= 0 and pk.ready > self.now and (not self.link_alive[came] or not self.link_alive[n]):
+                        if prev < 0:
+                            self.voq_head[q] = nx
+                        else:
+                            self.pkt_next[prev] = nx
+                        if self.voq_tail[q] == p:
+                            self.voq_tail[q] = prev
+                        self.queued[n] -= 1
+                        pk.hop -= 1
+                        pk.link = came
+                        self.push(pk.ready, EV_PKT_ARRIVE, p)
+                    else:
+                        prev = p
+                    p = nx
 
     def on_retransmit(self, p):
         pk = self.pkts[p]
@@ -432,7 +459,7 @@ class Engine:
         pk.in_link = link
         arrive = self.now + ser + self.link_lat[link]
         nxt = -1
-        if self.eager:
+        if self.link_own_queue[link]:
             s, d = self.leg_ends(p)
             nxt = self.route_link(self.msg_path[pk.msg], s, d, pk.plane, pk.uplink, pk.hop + 1)
             if nxt >= 0 and not self.link_alive[nxt]:

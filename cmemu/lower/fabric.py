@@ -52,6 +52,10 @@ class Fabric:
     link_credit_byte: np.ndarray  # int64 [L]: usable input buffer per VL at the link's far end
     link_dst_ep: np.ndarray  # int32 [L]: endpoint at the far end, or -1 (a switch)
     link_in_slot: np.ndarray  # int32 [L]: input slot at the far-end switch (-1 at an endpoint)
+    # uint8 [L]: 1 if the far end is a switch with a queue per input link (L1, L2), where a packet
+    # may join its next queue when sent (the queue's order is this link's order); 0 at a switch
+    # with one FIFO for all inputs (RDMA, DPU, VPC), whose order is the order of arrival.
+    link_own_queue: np.ndarray
     link_voq_base: np.ndarray  # int64 [L]: first VOQ of this output link
     link_voq_slots: np.ndarray  # int32 [L]: input slots feeding this output link
     num_voqs: int
@@ -166,6 +170,7 @@ def build_fabric(topo: Topology, failures=None, schedule=()) -> Fabric:
         link_credit_byte=credit.astype(np.int64),
         link_dst_ep=link_dst_ep,
         link_in_slot=in_slot,
+        link_own_queue=voq_switch[topo.link_dst].astype(np.uint8),
         link_voq_base=voq_base,
         link_voq_slots=voq_slots,
         num_voqs=num_voqs,
