@@ -586,8 +586,9 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     """Each op's HBM bytes spread over its run, per die, stack and bin (the link counters' bins):
     (per-die series, per-stack series). Evenly in time, or, for an op that shared its die's HBM,
     as the die's HBM clock advanced (``cmemu._core.binning``). The bytes of an op go to the stacks as the
-    address interleave puts a contiguous region at address 0 (``cmemu.die.hbm.stack_bytes``; the
-    trace gives no addresses); the per-die series is the per-stack one summed, so both agree."""
+    address interleave puts a contiguous region (``cmemu.die.hbm.stack_bytes``); the trace gives no
+    addresses, so a die's ops take regions one after the other, in op order. The per-die series is
+    the per-stack one summed, so both agree."""
     from cmemu._core import hbm_sharing
     from cmemu._core.binning import bin_intervals, clock_tables
     from cmemu.die.hbm import HBMParams, stack_bytes
@@ -599,7 +600,17 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     bin_ps = int(full.link_series["bin_ps"])
     hp = HBMParams.from_die(full.spec.die)
     stacks = hp.stacks
-    share = stack_bytes(hp, L.op_hbm_bytes[has])  # [ops, stacks]
+    # Regions one after the other per die (a bump allocator over the ops, in op order).
+    nbytes = L.op_hbm_bytes[has].astype(np.int64)
+    period = hp.pseudo_channels * hp.granule_byte
+    order = np.argsort(L.op_rank[has], kind="stable")
+    after = np.cumsum(nbytes[order] % period)
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = L.op_rank[has][order][1:] != L.op_rank[has][order][:-1]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
+    base = np.empty_like(nbytes)
+    base[order] = (after - (nbytes[order] % period) - (after - nbytes[order] % period)[group_start]) % period
+    share = stack_bytes(hp, nbytes, base)  # [ops, stacks]
     keys = (L.op_rank[has].astype(np.int64)[:, None] * stacks + np.arange(stacks)[None, :]).ravel()
     rep = lambda a: np.repeat(a, stacks)  # noqa: E731
     # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).

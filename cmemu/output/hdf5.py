@@ -272,7 +272,7 @@ def _write_hbm_stack_series(dies, series, per_die, r, w: _Writer) -> None:
     g = dies.create_group("hbm_stack_binned")
     g.attrs["doc"] = ("HBM bytes per (die, stack, time bin), only nonzero triples, sorted by bin, die, stack: "
                       "each op's HBM bytes split over the stacks by the address interleave (a contiguous "
-                      "region at address 0), over the op's run as its HBM share allowed; sums to /dies/hbm_binned")
+                      "region, a die's ops one after the other), over the op's run as its HBM share allowed; sums to /dies/hbm_binned")
     g.attrs["bin_ps"] = np.int64(bin_ps)
     g.attrs["bins"] = np.int64(-(-max(r.sim_end_ps, 1) // bin_ps))
     g.attrs["stacks"] = np.int64(stacks)
