@@ -22,8 +22,10 @@ def _run(tmp_path, layers):
     subprocess.run([sys.executable, "-c", cli, "trace", "gen", "deepseek-r1", "--system", "cloudmatrix384",
                     "--layers", str(layers), "-o", str(trace)], check=True, capture_output=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    out = subprocess.run([sys.executable, "-c", cli, "run", str(trace), "-o", str(tmp_path / f"{layers}.h5")],
-                         check=True, capture_output=True, text=True).stdout
+    done = subprocess.run([sys.executable, "-c", cli, "run", str(trace), "-o", str(tmp_path / f"{layers}.h5")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     events = int(re.search(r"events\s+([\d,]+)", out).group(1).replace(",", ""))
     wall = float(re.search(r"wall time\s+([\d.]+) s", out).group(1))
