@@ -18,12 +18,14 @@ BUDGET_S, BUDGET_GB = 60.0, 4.0
 
 def _run(tmp_path, layers):
     trace = tmp_path / f"ep320_{layers}.json"
+    # Run from tmp_path: from the checkout, `python -c` would import its cmemu (no compiled core
+    # unless built in place) rather than the installed one.
     cli = "from cmemu.cli import main; main()"
     subprocess.run([sys.executable, "-c", cli, "trace", "gen", "deepseek-r1", "--system", "cloudmatrix384",
-                    "--layers", str(layers), "-o", str(trace)], check=True, capture_output=True)
+                    "--layers", str(layers), "-o", str(trace)], check=True, capture_output=True, cwd=tmp_path)
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     done = subprocess.run([sys.executable, "-c", cli, "run", str(trace), "-o", str(tmp_path / f"{layers}.h5")],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
