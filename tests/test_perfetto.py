@@ -12,7 +12,7 @@ import pytest
 
 from cmemu.output import hdf5
 from cmemu.output.perfetto import ExportError, assign_lanes, export_perfetto, parse_window
-from cmemu.output.reader import open_timeline
+from cmemu.output.reader import Timeline, open_timeline
 from cmemu.run import run_trace
 from conftest import TRACES
 from test_timeline import TINY, with_records
@@ -259,3 +259,105 @@ def test_dispatch_to_combine_flows_and_hbm_counters(decode_h5, tmp_path):
     assert bin_ps is None or ps(first["ts"]) == hbm["bin"][row] * bin_ps
     per_stack = [e for e in c if e["name"].startswith("HBM stack") and e["ts"] == first["ts"]]
     assert sum(e["args"]["GB/s"] for e in per_stack) == pytest.approx(first["args"]["GB/s"], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def packets_h5(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pf") / "pingpong.h5"
+    run_trace(TRACES / "examples" / "pingpong.json", output=path, progress=False, detail="packets")
+    return path
+
+
+def test_packets_on_a_thread_per_link(packets_h5, tmp_path):
+    """--detail packets: an X event per /packets row, on a thread per link named by its ends, in
+    the process that shows the link's counter; a link sends one packet at a time, so its thread
+    holds them in order without overlap."""
+    out = tmp_path / "p.json.gz"
+    info = export_perfetto(packets_h5, out)
+    doc = load(out)
+    by = validate(doc)
+    with Timeline(packets_h5, as_numpy=True) as t:  # numpy either way: pandas is optional
+        pk, links, vnames, ops = t.packets(), t.links(), t.vertex_names(), t.ops()
+    assert len(pk) > 1 and np.unique(pk["link"]).size > 1
+    # The premise, checked on the file rather than assumed: per link, each packet starts after
+    # the previous one's tail has left.
+    for link in np.unique(pk["link"]):
+        rows = pk[pk["link"] == link]
+        s, e = rows["start_ps"], rows["end_ps"]
+        assert (np.diff(s) >= 0).all() and (s[1:] >= e[:-1]).all()
+    x = [e for e in by["X"] if e["cat"] == "packet"]
+    assert len(x) == len(pk) == info.packet_events
+    assert len(by["X"]) == info.op_events + info.task_events + len(pk)
+    # Arguments and exact times, row for row (msg, op, seq identify a row on a link).
+    got = {(e["args"]["link"], e["args"]["msg"], e["args"]["op"], e["args"]["seq"]): e for e in x}
+    assert len(got) == len(pk)
+    names = np.asarray(ops["name"])
+    for r in pk:
+        e = got[(int(r["link"]), int(r["msg"]), int(r["op"]), int(r["seq"]))]
+        assert ps(e["ts"]) == r["start_ps"] and ps(e["dur"]) == r["dur_ps"]
+        assert e["args"]["wire_bytes"] == r["wire_bytes"] and e["args"]["type"] == r["type"]
+        assert e["name"] == f"{r['type']} {names[r['op']]}"
+    # One thread per link, named by the link's ends, in the process of the link's counter.
+    tname = {(e["pid"], e["tid"]): e["args"]["name"] for e in by["M"] if e["name"] == "thread_name"}
+    thread_of_link = defaultdict(set)
+    for e in x:
+        thread_of_link[e["args"]["link"]].add((e["pid"], e["tid"]))
+    assert set(thread_of_link) == set(pk["link"].tolist())
+    counter_pid = {e["name"].split()[1]: e["pid"] for e in by["C"] if e["name"].startswith("link ")}
+    for link, threads in thread_of_link.items():
+        assert len(threads) == 1
+        (pid, tid), = threads
+        src, dst = vnames[links["src_vertex"][link]], vnames[links["dst_vertex"][link]]
+        assert tname[(pid, tid)] == f"link {link} {links['kind'][link]}: {src} -> {dst}"
+        assert pid == counter_pid[str(link)]
+        # Sorted, and no two packets of the link overlap on its thread.
+        spans = [(ps(e["ts"]), ps(e["ts"] + e["dur"])) for e in x if (e["pid"], e["tid"]) == (pid, tid)]
+        assert spans == sorted(spans)
+        assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))
+    # Link threads sort after the die's streams and pipes.
+    sort = {(e["pid"], e["tid"]): e["args"]["sort_index"] for e in by["M"] if e["name"] == "thread_sort_index"}
+    for (pid, tid), name in tname.items():
+        if not name.startswith("link "):
+            assert all(sort[(pid, tid)] < sort[k] for k in tname if k[0] == pid and tname[k].startswith("link "))
+    assert doc["otherData"]["packets"].startswith(f"{len(pk)} transmissions on {len(thread_of_link)} links")
+
+
+def test_packets_count_in_the_event_budget(packets_h5, tmp_path):
+    """Packets that alone pass --max-events are left out with a warning (otherData says so);
+    a window keeps those that overlap it; the rest of the trace is as without them."""
+    out = tmp_path / "p.json.gz"
+    full = export_perfetto(packets_h5, out)
+    base = full.timed_events - full.packet_events
+    assert full.timed_events_total == full.timed_events
+    with pytest.warns(UserWarning, match="packets left out"):
+        info = export_perfetto(packets_h5, out, max_events=base + 10)
+    doc = load(out)
+    by = validate(doc)
+    assert info.packet_events == 0 and not [e for e in by["X"] if e["cat"] == "packet"]
+    assert info.timed_events == base and "--window" in doc["otherData"]["packets"]
+    assert not any(e["args"]["name"].startswith("link ") for e in by["M"] if e["name"] == "thread_name")
+    # A window over the first packets: those overlapping it are kept, counted in the budget.
+    with open_timeline(packets_h5) as t:
+        pk = t.columns("packets")
+    lo, hi = int(pk["start_ps"][0]), int(pk["end_ps"][3])
+    info = export_perfetto(packets_h5, out, window=f"{lo / 1e6}:{hi / 1e6}")
+    doc = load(out)
+    by = validate(doc)
+    x = [e for e in by["X"] if e["cat"] == "packet"]
+    want = int(((pk["end_ps"] >= lo) & (pk["start_ps"] <= hi)).sum())
+    assert len(x) == info.packet_events == want >= 4
+    assert doc["otherData"]["packets"].startswith(f"{want} of {pk['link'].size} transmissions")
+    # Not even the rest fits: refused as before, with the packets in the count.
+    with pytest.raises(ExportError, match=f"{full.timed_events_total:,} events"):
+        export_perfetto(packets_h5, out, max_events=base - 1)
+
+
+def test_without_packets_nothing_changes(tiny_h5, tmp_path):
+    """A timeline without /packets: no packet events or link threads; otherData says why."""
+    out = tmp_path / "t.json.gz"
+    info = export_perfetto(tiny_h5, out)
+    doc = load(out)
+    by = validate(doc)
+    assert info.packet_events == 0 and len(by["X"]) == info.op_events + info.task_events
+    assert not any(e["args"]["name"].startswith("link ") for e in by["M"] if e["name"] == "thread_name")
+    assert "--detail packets" in doc["otherData"]["packets"]

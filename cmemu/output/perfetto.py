@@ -16,7 +16,14 @@ Layout of the trace:
 - counters ("C") of each link's bandwidth in GB/s per time bin, when the timeline has binned
   link counters (/links/binned), in the process of the die or switch the link belongs to; and
   of each die's HBM bandwidth ("HBM GB/s", /dies/hbm_binned) and, in v4, each of its stacks'
-  ("HBM stack S GB/s", /dies/hbm_stack_binned), in the die's process.
+  ("HBM stack S GB/s", /dies/hbm_stack_binned), in the die's process;
+- when the timeline has /packets (``cmemu run --detail packets``), a thread per link that carried
+  packets ("link 1008 d2d: node 0 / NPU 0 / die 0 -> node 0 / NPU 0 / die 1"), in the process
+  that shows the link's counter, after the die's streams and pipes, with a complete event per
+  transmission of a packet on the link ("WRITE send_act": the packet type and the op that moved
+  it). A link serialises one packet at a time, so its packets never overlap; should they, they go
+  to extra lanes like the tasks. Packets count in the event budget; when they alone would take
+  the trace past it, they are left out with a warning and ``otherData.packets`` says so.
 
 Timestamps in the format are microseconds; cmemu's integer picoseconds are written exactly as
 decimal microseconds with six digits (``ps // 10**6`` "." ``ps % 10**6``); the trace asks the viewer
@@ -31,13 +38,14 @@ import gzip
 import heapq
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.output.schema import PIPE_NAMES
+from cmemu.output.schema import PACKET_TYPE_NAMES, PIPE_NAMES
 
 DEFAULT_MAX_EVENTS = 2_000_000
 _WRITE_ROWS = 1 << 16
@@ -60,6 +68,8 @@ class ExportInfo:
     flows: int  # message flows and dispatch->combine flows
     counter_events: int
     moe_flows: int = 0  # of the flows, dispatch->combine
+    packet_events: int = 0  # transmissions of packets on links (/packets), as X events
+    packets: str = ""  # what the trace holds of /packets (otherData.packets)
 
 
 def parse_window(text: str | None) -> tuple[int, int] | None:
@@ -151,6 +161,8 @@ def export_perfetto(timeline, out_path, max_events: int = DEFAULT_MAX_EVENTS, wi
 
 
 def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> ExportInfo:
+    from cmemu.output.reader import _enum_names
+
     ops = t.columns("ops")
     msgs = t.columns("messages")
     n_ops = ops["rank"].size
@@ -159,6 +171,8 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     links = t.columns("links")
     bins = t.columns("links/binned") if t.has_link_bins() else None
     bin_ps = t.link_bin_ps
+    pk = t.columns("packets") if t.has_packets() else None
+    n_pkt = pk["link"].size if pk is not None else 0
 
     # -- which events, and how many -------------------------------------------------------
     def in_window(start, end):
@@ -169,16 +183,18 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     keep_op = in_window(ops["start_ps"], ops["end_ps"])
     keep_task = in_window(tasks["start_ps"], tasks["end_ps"]) if n_tasks else np.zeros(0, bool)
     vnames = t.vertex_names()
+    if bins is not None or n_pkt:
+        # A link's counter and its packets' thread both show in the process of link_owner.
+        endpoints = t.dies_count + int(t.spec["nodes"]) * int(t.spec["cpus_per_node"])
+        link_owner, link_names = _link_owner_and_names(links, vnames, endpoints, t.link_kinds)
     # Counters: one row per sample, c_owner (vertex whose process shows it), c_name (index into
     # counter_names, JSON literals), c_ts, c_val (GB/s).
     counter_names: list[str] = []
     c_parts = []
     if bins is not None:
         rows = _counter_rows(bins["link"], bins["bin"], bins["bytes"], bin_ps)
-        endpoints = t.dies_count + int(t.spec["nodes"]) * int(t.spec["cpus_per_node"])
-        owner, link_names = _link_owner_and_names(links, vnames, endpoints, t.link_kinds)
         counter_names.extend(link_names)
-        c_parts.append((owner[rows["key"]], rows["key"], rows["ts_ps"], rows["gbyte_per_s"], bin_ps))
+        c_parts.append((link_owner[rows["key"]], rows["key"], rows["ts_ps"], rows["gbyte_per_s"], bin_ps))
     hbm_counters = "not recorded"
     if t.has_hbm_bins():
         # HBM bandwidth per die, and per stack when the file has it (v4): tracks beside the links'.
@@ -214,9 +230,28 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     fl_dst = np.concatenate([msgs["recv_op"], pairs["combine_op"]]).astype(np.int64)
     fl_moe = np.concatenate([np.zeros(msgs["send_op"].size, bool), np.ones(pairs["dispatch_op"].size, bool)])
     keep_msg = keep_op[fl_src] & keep_op[fl_dst]
-    total = n_ops + n_tasks + 2 * fl_src.size + keep_c.size
+    keep_pkt = in_window(pk["start_ps"], pk["end_ps"]) if n_pkt else np.zeros(0, dtype=bool)
+    total = n_ops + n_tasks + 2 * fl_src.size + keep_c.size + n_pkt
     kept = int(keep_op.sum() + keep_task.sum() + 2 * keep_msg.sum() + keep_c.sum())
+    kept_pkt = int(keep_pkt.sum())
     end_us = t.sim_end_ps / 1e6
+    if pk is None:
+        packets_note = ("not recorded (the run was written without --detail packets)" if t.version >= 4
+                        else f"not in layout version {t.version} (v4 records them with --detail packets)")
+    elif kept <= max_events < kept + kept_pkt:
+        # The packets alone pass the limit: the rest is worth having without them.
+        where = "the trace" if win is None else "the window"
+        packets_note = (f"left out: {kept_pkt:,} packet events would take {where} to {kept + kept_pkt:,} events, "
+                        f"above the limit of {max_events:,} (--max-events); "
+                        + ("pass --window START_US:END_US to keep them over a time window"
+                           if win is None else "narrow the window") + " or raise --max-events")
+        warnings.warn(f"cmemu export perfetto: packets {packets_note}", stacklevel=3)
+        keep_pkt[:] = False
+        kept_pkt = 0
+    else:
+        packets_note = (f"{n_pkt:,} transmissions on {np.unique(pk['link']).size:,} links, a thread per link"
+                        if win is None else f"{kept_pkt:,} of {n_pkt:,} transmissions, in the window")
+    kept += kept_pkt
     if kept > max_events:
         if win is None:
             raise ExportError(
@@ -229,6 +264,8 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
 
     # -- tracks: (pid, thread label) -> tid -----------------------------------------------
     # pid = vertex + 1 (dies first, in node order); tids are given per process in label order.
+    # A thread's key is vertex << 48 plus its local key: streams, then pipes (from 1 << 40), then
+    # links (from 2 << 40), each with its lanes.
     dies = t.dies_count
     op_rank, op_stream = ops["rank"].astype(np.int64), ops["stream"].astype(np.int64)
     max_stream = int(op_stream.max()) + 1 if n_ops else 1
@@ -237,16 +274,21 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     t_pipe = tasks["pipe"].astype(np.int64) if n_tasks else np.zeros(0, np.int64)
     task_lane = (assign_lanes(t_die * len(PIPE_NAMES) + t_pipe, tasks["start_ps"], tasks["end_ps"])
                  if n_tasks else np.zeros(0, np.int32))
-    # Thread order within a die: streams (then their overflow lanes), then pipes.
+    p_link = pk["link"].astype(np.int64) if n_pkt else np.zeros(0, np.int64)
+    p_owner = link_owner[p_link] if n_pkt else np.zeros(0, np.int64)
+    pkt_lane = assign_lanes(p_link, pk["start_ps"], pk["end_ps"]) if n_pkt else np.zeros(0, np.int32)
+    # Thread order within a die: streams (then their overflow lanes), then pipes, then links.
     stream_key = op_stream * 1024 + op_lane
     pipe_key = (1 << 40) + t_pipe * 1024 + task_lane
+    link_key = (2 << 40) + p_link * 1024 + pkt_lane
     keys = np.concatenate([op_rank[keep_op] * (1 << 48) + stream_key[keep_op],
-                           t_die[keep_task] * (1 << 48) + pipe_key[keep_task]])
+                           t_die[keep_task] * (1 << 48) + pipe_key[keep_task],
+                           p_owner[keep_pkt] * (1 << 48) + link_key[keep_pkt]])
     uniq = np.unique(keys)
-    u_die = uniq >> 48
+    u_vertex = uniq >> 48
     u_local = uniq & ((1 << 48) - 1)
-    first_of_die = np.concatenate([[True], u_die[1:] != u_die[:-1]]) if uniq.size else np.zeros(0, bool)
-    tid_of = np.arange(uniq.size) - np.maximum.accumulate(np.where(first_of_die, np.arange(uniq.size), 0)) + 1
+    first_of_vertex = np.concatenate([[True], u_vertex[1:] != u_vertex[:-1]]) if uniq.size else np.zeros(0, bool)
+    tid_of = np.arange(uniq.size) - np.maximum.accumulate(np.where(first_of_vertex, np.arange(uniq.size), 0)) + 1
 
     def tid_for(k):
         # Rows outside the window have no thread and get an arbitrary one; they are never written.
@@ -256,31 +298,39 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
 
     op_tid = tid_for(op_rank * (1 << 48) + stream_key)
     task_tid = tid_for(t_die * (1 << 48) + pipe_key)
+    pkt_tid = tid_for(p_owner * (1 << 48) + link_key)
 
     def thread_label(local: int) -> str:
         if local < (1 << 40):
             stream, lane = divmod(local, 1024)
             return f"stream {stream}" + (f" (overlap lane {lane + 1})" if lane else "")
-        pipe, lane = divmod(local - (1 << 40), 1024)
-        return PIPE_NAMES[pipe] + (f" #{lane + 1}" if lane else "")
+        if local < (2 << 40):
+            pipe, lane = divmod(local - (1 << 40), 1024)
+            return PIPE_NAMES[pipe] + (f" #{lane + 1}" if lane else "")
+        link, lane = divmod(local - (2 << 40), 1024)
+        src, dst = int(links["src_vertex"][link]), int(links["dst_vertex"][link])
+        return (f"link {link} {t.link_kinds[links['kind'][link]]}: {vnames[src]} -> {vnames[dst]}"
+                + (f" #{lane + 1}" if lane else ""))
 
     meta = []
-    used_pids = set((u_die + 1).tolist())
+    used_pids = set((u_vertex + 1).tolist())
     used_pids.update((c_owner[keep_c] + 1).tolist())
     for pid in sorted(used_pids):
         meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": str(vnames[pid - 1])}})
         meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
-    for d, local, tid in zip(u_die.tolist(), u_local.tolist(), tid_of.tolist()):
-        meta.append({"ph": "M", "name": "thread_name", "pid": d + 1, "tid": tid, "args": {"name": thread_label(local)}})
-        meta.append({"ph": "M", "name": "thread_sort_index", "pid": d + 1, "tid": tid, "args": {"sort_index": tid}})
+    for v, local, tid in zip(u_vertex.tolist(), u_local.tolist(), tid_of.tolist()):
+        meta.append({"ph": "M", "name": "thread_name", "pid": v + 1, "tid": tid, "args": {"name": thread_label(local)}})
+        meta.append({"ph": "M", "name": "thread_sort_index", "pid": v + 1, "tid": tid, "args": {"sort_index": tid}})
 
     # -- the timed events, in one order ---------------------------------------------------
     # X events sort by (start, duration): on one lane, a zero-length op that starts where a longer
     # one starts comes first, as it ran first. A flow start follows its send's X event and a flow
     # end its receive's X event (or the flow start), so each binds to the slice it belongs to.
-    x_ts = np.concatenate([ops["start_ps"], tasks["start_ps"] if n_tasks else np.zeros(0, np.int64)])
-    x_end = np.concatenate([ops["end_ps"], tasks["end_ps"] if n_tasks else np.zeros(0, np.int64)])
-    x_keep = np.concatenate([keep_op, keep_task])
+    no_rows = np.zeros(0, np.int64)
+    x_ts = np.concatenate([ops["start_ps"], tasks["start_ps"] if n_tasks else no_rows,
+                           pk["start_ps"] if n_pkt else no_rows])
+    x_end = np.concatenate([ops["end_ps"], tasks["end_ps"] if n_tasks else no_rows, pk["end_ps"] if n_pkt else no_rows])
+    x_keep = np.concatenate([keep_op, keep_task, keep_pkt])
     x_order = np.lexsort((np.arange(x_ts.size), x_end - x_ts, x_ts))
     pos = np.empty(x_ts.size, dtype=np.int64)
     pos[x_order] = np.arange(x_ts.size)
@@ -299,11 +349,11 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
     ev_idx = np.concatenate([xi, m, m, ci])
     order = np.lexsort((ev_key, ev_ts))
 
-    # Per X event (ops, then tasks): pid, tid, the index of its name literal, its category literal
-    # and three integer arguments; formatted a chunk at a time from plain lists.
+    # Per X event (ops, then tasks, then packets): pid, tid, the index of its name literal, its
+    # category literal and three integer arguments; formatted a chunk at a time from plain lists.
     names_u, name_inv = np.unique(ops["name"].astype(str), return_inverse=True) if n_ops else (np.zeros(0, str), np.zeros(0, np.int64))
     labels = [json.dumps(str(n)) for n in names_u]
-    cats = [json.dumps(n) for n in t.op_types] + ['"task"']
+    cats = [json.dumps(n) for n in t.op_types] + ['"task"', '"packet"']
     x_pid = np.concatenate([op_rank + 1, t_die + 1])
     x_tid = np.concatenate([op_tid, task_tid]).astype(np.int64)
     x_label = name_inv.astype(np.int64)
@@ -321,6 +371,26 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
         x_cat = np.concatenate([x_cat, np.full(n_tasks, len(t.op_types))])
         x_a = [np.concatenate([x_a[0], t_pipe]), np.concatenate([x_a[1], t_op]),
                np.concatenate([x_a[2], tasks["bytes"]])]
+    n_ot = n_ops + n_tasks  # X rows from here on are packets
+    if n_pkt:
+        # Packet names: the type and the op that moved it ("WRITE send_act"), like the tasks'.
+        p_types = _enum_names(t.require("packets")["type"], PACKET_TYPE_NAMES)
+        p_type = pk["type"].astype(np.int64)
+        p_op = pk["op"].astype(np.int64)
+        pair = p_type * (len(names_u) + 1) + np.where(p_op >= 0, name_inv[np.maximum(p_op, 0)], len(names_u))
+        pairs_u, pair_inv = np.unique(pair, return_inverse=True)
+        base = len(labels)
+        for pr in pairs_u.tolist():
+            ty, nm = divmod(pr, len(names_u) + 1)
+            labels.append(json.dumps(p_types[ty] + (" " + str(names_u[nm]) if nm < len(names_u) else "")))
+        x_pid = np.concatenate([x_pid, p_owner + 1])
+        x_tid = np.concatenate([x_tid, pkt_tid.astype(np.int64)])
+        x_label = np.concatenate([x_label, base + pair_inv])
+        x_cat = np.concatenate([x_cat, np.full(n_pkt, len(t.op_types) + 1)])
+        x_a = [np.concatenate([x_a[0], pk["msg"]]), np.concatenate([x_a[1], p_op]),
+               np.concatenate([x_a[2], pk["seq"]])]
+        type_lit = [json.dumps(n) for n in p_types]
+        p_more = list(zip(p_link.tolist(), pk["wire_bytes"].tolist(), [type_lit[c] for c in p_type.tolist()]))
     pipe_lit = [json.dumps(n) for n in PIPE_NAMES]
     x_dur = x_end - x_ts
     f_row = np.concatenate([fl_src, fl_dst])  # flow e's start op: f_row[e], its end op: f_row[n_flows + e]
@@ -341,8 +411,11 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
                     x_label[i].tolist(), x_cat[i].tolist(), x_a[0][i].tolist(), x_a[1][i].tolist(), x_a[2][i].tolist()):
                 if ii < n_ops:
                     args = f'"op":{a0},"node_id":{a1},"bytes":{a2}'
-                else:
+                elif ii < n_ot:
                     args = f'"pipe":{pipe_lit[a0]},"op":{a1},"bytes":{a2}'
+                else:
+                    link, wire, ty = p_more[ii - n_ot]
+                    args = f'"link":{link},"msg":{a0},"op":{a1},"seq":{a2},"wire_bytes":{wire},"type":{ty}'
                 lines[pos] = (f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{t_s},"dur":{d_s},"name":{labels[lab]},'
                               f'"cat":{cats[cat]},"args":{{{args}}}}}')
         for phase, letter, tail, offset in ((_PH_S, "s", "", 0), (_PH_F, "f", ',"bp":"e"', n_flows)):
@@ -374,6 +447,7 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
                 "hbm_counters": hbm_counters,
                 "moe_flows": (f"{pairs['dispatch_op'].size} dispatch->combine pairs" if t.has_moe_pairs()
                               else f"not in layout version {t.version} (v4 records them)"),
+                "packets": packets_note,
             }))
             f.write(',"traceEvents":[\n')
             f.write(",\n".join(json.dumps(e, separators=(",", ":")) for e in meta))
@@ -391,7 +465,7 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
         tmp.unlink(missing_ok=True)
         raise
     return ExportInfo(out, written, written - len(meta), total, win, int(keep_op.sum()), int(keep_task.sum()),
-                      int(m.size), int(ci.size), int(fl_moe[m].sum()))
+                      int(m.size), int(ci.size), int(fl_moe[m].sum()), kept_pkt, packets_note)
 
 
 def _counter_rows(key, b, nbytes, bin_ps):
