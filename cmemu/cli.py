@@ -335,7 +335,8 @@ def export_perfetto_cmd(timeline, output, window, max_events):
         output = Path(timeline.name.removesuffix(".h5") + ".json.gz")
     info = export_perfetto(timeline, output, max_events=max_events, window=window)
     click.echo(f"wrote {output}: {info.events:,} events ({info.op_events:,} ops, {info.task_events:,} tasks, "
-               f"{info.flows:,} flows, {info.counter_events:,} counter samples), "
+               f"{info.flows:,} flows, {info.counter_events:,} counter samples"
+               + (f", {info.packet_events:,} packets" if info.packet_events else "") + "), "
                f"{output.stat().st_size / 1e6:,.2f} MB")
     if info.window_ps is not None:
         click.echo(f"  window {info.window_ps[0] / 1e6:,.3f} to {info.window_ps[1] / 1e6:,.3f} us: "

@@ -16,7 +16,7 @@ import numpy as np
 from cmemu._core import make_engine
 from cmemu.errors import CmemuError, DieFailedError, SimulationError, UnroutableError
 from cmemu.faults import parse_failures
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
+from cmemu.lower import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
 from cmemu.lower.fabric import build_fabric
 from cmemu.spec import SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
@@ -619,7 +619,10 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
         _, rate = hbm_sharing(L)
         clock_of = rep(np.where(rate[has] > 0, L.op_rank[has], -1))
         clock = clock_tables(full.hbm_clock, int(L.die_aic_cores.shape[0]))
-    key, b, nbytes = bin_intervals(keys, rep(full.op_start_ps[has]), rep(full.op_end_ps[has]), share.ravel(), bin_ps,
+    # A MEM op's bytes move before its access latency, which ends it.
+    end = np.maximum(full.op_start_ps[has], full.op_end_ps[has] - np.where(L.op_kind[has] == OP_KIND_MEM,
+                                                                          L.op_lat_ps[has], 0))
+    key, b, nbytes = bin_intervals(keys, rep(full.op_start_ps[has]), rep(end), share.ravel(), bin_ps,
                                    clock_of=clock_of, clock=clock)
     keep = nbytes > 0
     key, b, nbytes = key[keep], b[keep], nbytes[keep]

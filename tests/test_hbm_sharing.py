@@ -96,3 +96,18 @@ def test_native_and_reference_share_alike(tmp_path, stagger_ns):
     np.testing.assert_array_equal(a.op_start_ps, b.op_start_ps)
     np.testing.assert_array_equal(a.op_end_ps, b.op_end_ps)
     assert a.events == b.events
+
+
+def test_a_kv_load_and_a_memory_bound_gemm_share_the_die(tmp_path):
+    # A MEM_LOAD draws the die's whole read rate; beside the GEMM both slow down, the load's
+    # access latency still ends it; and the binned HBM bytes never pass the capacity.
+    dur, nbytes, cap = _alone(tmp_path)
+    load = {"id": 1, "type": "MEM_LOAD", "rank": 0, "stream": 1, "attrs": {"tensor_size": 64_000_000}}
+    alone = _run(tmp_path, [load | {"id": 0}], name="load.json")
+    together = _run(tmp_path, [_gemm(0, 0, 0), load])
+    assert together.op_end_ps[1] > alone.op_end_ps[0]
+    assert together.op_end_ps[0] > dur
+    s = together.hbm_series
+    assert (s["bytes"] / (s["bin_ps"] * 1e-12)).max() <= cap * 1.001
+    # Conservation: the bins hold every byte of both ops.
+    assert int(s["bytes"].sum()) == nbytes + 64_000_000

@@ -55,15 +55,16 @@ def op_message_lists(lowered):
 def hbm_sharing(lowered):
     """Per-die HBM capacity (bytes/s) and each op's HBM demand (bytes/s) for the engine's sharing.
 
-    A COMP op with HBM traffic of its own die (``op_hbm_bytes``) and a duration demands its
-    bytes over its duration (what it draws when it runs alone, as the die model timed it). While
-    the demands of a die's running ops add up to more than the die's capacity, every one of them
-    progresses at capacity / total demand of its own speed (docs/model.md, "HBM shared"). Ops of
-    a die with no capacity given (0), and all other ops, do not take part.
+    A COMP or MEM_LOAD / MEM_STORE op with HBM traffic of its own die (``op_hbm_bytes``) and a
+    duration demands its bytes over its duration (what it draws when it runs alone, as the die
+    model timed it). While the demands of a die's running ops add up to more than the die's
+    capacity, every one of them progresses at capacity / total demand of its own speed
+    (docs/model.md, "HBM shared"). Ops of a die with no capacity given (0) do not take part (MEM
+    ops then queue FIFO on their die's HBM server).
     """
     import numpy as np
 
-    from cmemu.lower import OP_KIND_COMP
+    from cmemu.lower import OP_KIND_COMP, OP_KIND_MEM
 
     dies = int(lowered.die_aic_cores.shape[0])
     cap = np.zeros(dies, dtype=np.int64)
@@ -73,7 +74,7 @@ def hbm_sharing(lowered):
     dur = lowered.op_dur_ps
     hbm = lowered.op_hbm_bytes
     rank = np.clip(lowered.op_rank, 0, max(dies - 1, 0))
-    takes_part = (lowered.op_kind == OP_KIND_COMP) & (hbm > 0) & (dur > 0) & (cap[rank] > 0 if dies else False)
+    takes_part = ((lowered.op_kind == OP_KIND_COMP) | (lowered.op_kind == OP_KIND_MEM)) & (hbm > 0) & (dur > 0) & (cap[rank] > 0 if dies else False)
     rate = np.zeros(dur.shape[0], dtype=np.int64)
     # At most 64 times its die's capacity (the die model never asks more than the capacity; a
     # hand-written op could): the sums of a die's demands stay far inside int64.

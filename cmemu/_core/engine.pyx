@@ -1251,6 +1251,8 @@ cdef class Engine:
                 self.hbm_join(op)
             else:
                 self.push(t + o.dur, EV_OP_DONE, op)
+        elif kind == K_MEM and self.op_rate[op] > 0:
+            self.hbm_join(op)  # it shares the die's HBM; it ends one access latency after
         elif kind == K_MEM:
             r = o.res
             start = t if t > self.res_free[r] else self.res_free[r]
@@ -1369,7 +1371,7 @@ cdef class Engine:
     cdef int on_hbm_done(self, int32_t op) except -1:
         """The scheduled end of a die's first finisher, unless a later change moved it."""
         cdef int32_t d = self.ops[op].die
-        if self.hbm_next_op[d] != op or self.op_hend[op] != self.now or self.ops[op].end >= 0:
+        if self.hbm_next_op[d] != op or self.op_hend[op] != self.now:
             if self.op_hend[op] == self.now and self.hbm_next_op[d] != op:
                 self.op_hend[op] = -1  # its pending end is gone: a later schedule makes a new one
             return 0  # superseded
@@ -1383,6 +1385,9 @@ cdef class Engine:
             self.op_hprev[self.op_hnext[op]] = self.op_hprev[op]
         self.hbm_record(d)
         self.hbm_schedule(d)
+        if self.ops[op].kind == K_MEM:  # its data is moved; it ends one access latency later
+            self.push(self.now + self.op_lat_ps[op], EV_OP_DONE, op)
+            return 0
         return self.on_op_done(op)
 
     cdef int deliver(self, int32_t m, int64_t t) except -1:

@@ -499,6 +499,8 @@ class Engine:
                 self.hbm_join(op)
             else:
                 self.push(t + self.op_dur_ps[op], EV_OP_DONE, op)
+        elif kind == K_MEM and self.op_rate[op] > 0:
+            self.hbm_join(op)
         elif kind == K_MEM:
             r = self.op_res[op]
             start = max(t, self.res_free[r])
@@ -566,7 +568,7 @@ class Engine:
 
     def on_hbm_done(self, op):
         d = self.op_die[op]
-        if self.hbm_next_op[d] != op or self.op_hend[op] != self.now or self.op_end[op] >= 0:
+        if self.hbm_next_op[d] != op or self.op_hend[op] != self.now:
             if self.op_hend[op] == self.now and self.hbm_next_op[d] != op:
                 self.op_hend[op] = -1
             return
@@ -575,6 +577,9 @@ class Engine:
         self.hbm_running[d].remove(op)
         self.hrec.append((d, self.now, self.hbm_v[d], self.hbm_sum[d]))
         self.hbm_schedule(d)
+        if self.op_kind[op] == K_MEM:
+            self.push(self.now + self.op_lat_ps[op], EV_OP_DONE, op)
+            return
         self.on_op_done(op)
 
     def deliver(self, m, t):

@@ -16,7 +16,8 @@ and the PC is blocked for tRFC (all-bank refresh). Achieved bandwidth is what co
 there is no efficiency factor anywhere.
 
 Left out: power-down, per-bank refresh, ECC, the controller's reordering beyond row-open
-look-ahead, and contention between concurrent ops (each op is timed alone: see docs/model.md).
+look-ahead. Each op is timed alone here; ops running at once on a die share its HBM at run
+time, in the engine (docs/model.md, "HBM shared between concurrent ops").
 ``pc_schedule`` is the Numba kernel; ``pc_schedule.py_func`` its pure-Python reference.
 """
 from __future__ import annotations

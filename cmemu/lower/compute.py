@@ -3,8 +3,9 @@
 A COMP with ``cmemu.duration_ns`` takes exactly that time. One with ``cmemu.op`` (a GEMM, MLA,
 a vector op, with its shape) is lowered to its tile schedule on the pipes of the cores it names;
 one with only ``num_ops`` (and ``tensor_size``) is a generic op streaming its bytes through MTE2
-while the cube or vector unit does its work (docs/model.md, "Compute"). Each op is timed alone:
-two ops sharing a die at the same time do not slow each other down (not modelled yet).
+while the cube or vector unit does its work (docs/model.md, "Compute"). Each op is timed alone
+here; at run time the ops running on a die share its cores (the pool) and its HBM bandwidth
+(cmemu._core.hbm_sharing), but not its L2.
 """
 from __future__ import annotations
 

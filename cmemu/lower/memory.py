@@ -1,11 +1,11 @@
 """MEM_LOAD / MEM_STORE: transfers between a die's HBM and the chip, timed by the HBM model.
 
-Each die's HBM is one FIFO server in the engine (concurrent MEM ops queue, they do not share
-bandwidth). A transfer occupies it for ``tensor_size`` bytes at the bandwidth the HBM model
-(cmemu/die/hbm.py: pseudo-channels, banks, rows, turnaround, refresh) achieves for a sequential
-read (load) or write (store) stream, and ends one access latency later (347 cycles read, 203
-write [CYC]: what a core sees for its first burst). COMP ops' own HBM traffic does not contend
-with MEM ops (not modelled yet).
+A transfer moves ``tensor_size`` bytes at the bandwidth the HBM model (cmemu/die/hbm.py:
+pseudo-channels, banks, rows, turnaround, refresh) achieves for a sequential read (load) or
+write (store) stream, and ends one access latency later (347 cycles read, 203 write [CYC]: what
+a core sees for its first burst). At run time it shares the die's HBM with the other MEM and
+COMP ops running there (cmemu._core.hbm_sharing); engine inputs built without a die capacity
+keep one FIFO HBM server per die instead.
 """
 from __future__ import annotations
 

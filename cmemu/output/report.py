@@ -122,9 +122,8 @@ def _hbm_lines(t, h: dict) -> list[str]:
         lines.append(f"{pad}busiest {p['bin_us']:,.3f} us bin: die {p['die']} at {p['start_us']:,.3f} us, "
                      f"{p['gbyte_per_s']:,.0f} GB/s ({p['utilisation_percent']:.1f}% of the capacity)")
         if p["utilisation_percent"] > 100.05:
-            lines.append(f"{pad}  (above the capacity: MEM_LOAD/MEM_STORE keep their own HBM server, outside the "
-                         "sharing of COMP ops, so bins where they overlap can pass it; the figures over the "
-                         "makespan are not affected)")
+            lines.append(f"{pad}  (above the capacity: a file written before the bins followed the HBM sharing "
+                         "(each op's bytes evenly over its run); the figures over the makespan are not affected)")
     if h.get("note"):
         lines.append(f"{pad}note: {h['note']}")
     return lines
@@ -328,8 +327,8 @@ def _hbm(plt, t, s, win, dies):
     top = float(grid.max()) if grid.size else 0.0
     ax.set_ylim(0, max(cap, nominal, top) * 1.1)
     if top > cap * 1.001:
-        ax.text(0.01, 0.97, "above the capacity: MEM_LOAD/MEM_STORE keep their own HBM server and do not "
-                "share with COMP ops (docs/model.md); or a file written before the bins followed the sharing",
+        ax.text(0.01, 0.97, "above the capacity: a file written before the bins followed the HBM sharing "
+                "(each op's bytes evenly over its run)",
                 transform=ax.transAxes, fontsize=8, va="top", color="tab:red")
     ax.set_xlabel(f"simulated time (µs), bins of {bin_ps / 1e6:,.3f} µs")
     ax.set_ylabel("HBM bandwidth (GB/s)")
