@@ -96,3 +96,17 @@ def test_small_ops_fill_the_stacks_in_turn():
     s = r.hbm_stack_series
     per_stack = np.bincount(s["stack"], weights=s["bytes"], minlength=s["stacks"])
     assert per_stack.min() / per_stack.max() > 0.999
+
+
+def test_dense_and_sparse_sums_agree(monkeypatch):
+    import cmemu._core.binning as binning
+
+    rng = np.random.default_rng(9)
+    n = 3000
+    start = rng.integers(0, 10**11, n)
+    args = (rng.integers(0, 6, n), start, start + rng.integers(0, 10**9, n), rng.integers(0, 10**10, n), 10**7)
+    dense = bin_intervals(*args)
+    monkeypatch.setattr(binning, "DENSE_CELLS", 0)  # every call sums sparse pairs
+    sparse = bin_intervals(*args)
+    for x, y in zip(dense, sparse):
+        np.testing.assert_array_equal(x, y)

@@ -33,13 +33,16 @@ def _clock_at(t, lo, hi, ct, cv, cs):
 
 
 @njit(cache=True)
-def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs):
-    # First pass: how many (key, bin) pairs each interval touches, to size the output.
+def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs, grid):
+    # With a grid (keys x bins, not empty): sum into it, and return nothing else. Without one:
+    # first, how many (key, bin) pairs each interval touches, to size the output.
+    dense = grid.shape[0] > 0
     total = 0
-    for i in range(keys.shape[0]):
-        if value[i] > 0:
-            last = (end[i] - 1) // bin_ps if end[i] > start[i] else start[i] // bin_ps
-            total += last - start[i] // bin_ps + 1
+    if not dense:
+        for i in range(keys.shape[0]):
+            if value[i] > 0:
+                last = (end[i] - 1) // bin_ps if end[i] > start[i] else start[i] // bin_ps
+                total += last - start[i] // bin_ps + 1
     out_key = np.empty(total, np.int64)
     out_bin = np.empty(total, np.int64)
     out_val = np.empty(total, np.int64)
@@ -50,6 +53,9 @@ def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs):
             continue
         s, e = start[i], end[i]
         if e <= s:
+            if dense:
+                grid[keys[i], s // bin_ps] += v
+                continue
             out_key[k] = keys[i]
             out_bin[k] = s // bin_ps
             out_val[k] = v
@@ -74,17 +80,20 @@ def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs):
             else:
                 frac = (hi - lo) / (e - s)
             share = v - given if b == last else np.int64(v * frac)
-            out_key[k] = keys[i]
-            out_bin[k] = b
-            out_val[k] = share
             given += share
-            k += 1
+            if dense:
+                grid[keys[i], b] += share
+            else:
+                out_key[k] = keys[i]
+                out_bin[k] = b
+                out_val[k] = share
+                k += 1
             b += 1
     return out_key, out_bin, out_val
 
 
 def _combine(key, bin_, val):
-    """Sum duplicate (key, bin) pairs; sorted by key then bin."""
+    """Sum duplicate (key, bin) pairs; sorted by key then bin; pairs summing to 0 left out."""
     if key.size == 0:
         return key.astype(np.int32), bin_.astype(np.int32), val
     order = np.lexsort((bin_, key))
@@ -92,7 +101,13 @@ def _combine(key, bin_, val):
     first = np.ones(key.size, dtype=bool)
     first[1:] = (key[1:] != key[:-1]) | (bin_[1:] != bin_[:-1])
     starts = np.flatnonzero(first)
-    return key[starts].astype(np.int32), bin_[starts].astype(np.int32), np.add.reduceat(val, starts)
+    key, bin_, val = key[starts], bin_[starts], np.add.reduceat(val, starts)
+    keep = val != 0
+    return key[keep].astype(np.int32), bin_[keep].astype(np.int32), val[keep]
+
+
+# Above this many (key, bin) cells, bin_intervals sums sparse pairs instead of a dense grid.
+DENSE_CELLS = 1 << 24
 
 
 def clock_tables(clock, dies: int):
@@ -123,7 +138,17 @@ def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clo
         clock = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
     clock_of = np.ascontiguousarray(clock_of, dtype=np.int64)
     if native:
-        k, b, v = _spread(*args, np.int64(bin_ps), clock_of, *clock)
+        keys, start, end, value = args
+        has = value > 0
+        n_keys = int(keys[has].max()) + 1 if has.any() else 0
+        n_bins = int(np.maximum(end[has] - 1, start[has]).max()) // int(bin_ps) + 1 if has.any() else 0
+        if 0 < n_keys * n_bins <= DENSE_CELLS:
+            # Few enough cells: sum into a grid (memory by cells, not by interval x bin pairs).
+            grid = np.zeros((n_keys, n_bins), dtype=np.int64)
+            _spread(*args, np.int64(bin_ps), clock_of, *clock, grid)
+            k, b = np.nonzero(grid)  # by key, then bin
+            return k.astype(np.int32), b.astype(np.int32), grid[k, b]
+        k, b, v = _spread(*args, np.int64(bin_ps), clock_of, *clock, np.zeros((0, 0), dtype=np.int64))
     else:
         k, b, v = _spread_reference(*args, bin_ps, clock_of, clock)
     return _combine(k, b, v)
