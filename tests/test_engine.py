@@ -227,3 +227,32 @@ def test_a_shared_fifo_switch_serves_packets_in_order_of_arrival(plane):
     alone = run([(2, 1)])[0]
     both = run([(0, 4096), (2, 1)])
     assert both[1] == alone
+
+
+@pytest.mark.parametrize("dt", [-1, 0, 1])
+def test_a_link_failing_as_a_packet_arrives_loses_it_as_without_queueing_ahead(dt):
+    # A packet queued ahead at an L1 switch arrives at t; its link fails at t - 1, t or t + 1 ps.
+    # A failure is handled before the arrivals of its time, so at t the packet is lost, as it is
+    # when every arrival is an event (link_own_queue all 0).
+    import dataclasses
+
+    from cmemu.faults import parse_failures
+    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+    from cmemu.lower.comm import MessageTable
+
+    topo = build_topology(load_system("mini"))
+    t = MessageTable()
+    t.add(topo, 0, 16, 20_000, "ub", send_op=0, recv_op=1)
+    L = lowered_from_parts([OP_KIND_SEND, OP_KIND_RECV], [0, 0], [], [], t, op_msg=[0, 0], rank=[0, 16])
+    e = make_engine(L, _fabric(), record_packets=True)
+    e.run()
+    r = e.packet_records()
+    link = int(r["link"][0])
+    arrive = int(r["end_ps"][0] + _fabric().link_latency_ps[link])
+    F = build_fabric(topo, schedule=[(arrive + dt, parse_failures([f"link:{link}"], topo))])
+    events_only = dataclasses.replace(F, link_own_queue=np.zeros_like(F.link_own_queue))
+    runs = [make_engine(L, f, native=native) for f in (F, events_only) for native in (True, False)]
+    for run in runs:
+        assert run.run()
+    assert len({(x.packets_lost, tuple(x.op_end_ps)) for x in runs}) == 1
+    assert runs[0].packets_lost == (1 if dt <= 0 else 0)

@@ -76,8 +76,9 @@ def hbm_sharing(lowered):
     rank = np.clip(lowered.op_rank, 0, max(dies - 1, 0))
     takes_part = ((lowered.op_kind == OP_KIND_COMP) | (lowered.op_kind == OP_KIND_MEM)) & (hbm > 0) & (dur > 0) & (cap[rank] > 0 if dies else False)
     rate = np.zeros(dur.shape[0], dtype=np.int64)
-    # At most 64 times its die's capacity (the die model never asks more than the capacity; a
-    # hand-written op could): the sums of a die's demands stay far inside int64.
-    most = 64.0 * cap[rank[takes_part]].astype(np.float64)
+    # At most its die's capacity: alone, an op runs at full speed (the die model's durations
+    # already respect the HBM; rounding can put a demand a byte/s above it). The sums of a die's
+    # demands stay far inside int64.
+    most = cap[rank[takes_part]].astype(np.float64)
     rate[takes_part] = np.clip(np.ceil(hbm[takes_part] / dur[takes_part] * 1e12), 1, most).astype(np.int64)
     return cap, rate

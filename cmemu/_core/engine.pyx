@@ -181,6 +181,7 @@ cdef enum:
     WHEEL_BITS = 14
     WHEEL_SIZE = 1 << 14
     WHEEL_MASK = (1 << 14) - 1
+    WHEEL_KEEP = 64  # events a drained bucket keeps room for
 
 
 cdef int ev_cmp(const void* a, const void* b) noexcept nogil:
@@ -715,6 +716,12 @@ cdef class Engine:
                 self.act_len = bk.n
                 self.wheel_count -= bk.n
                 bk.n = 0
+                if bk.cap > WHEEL_KEEP:
+                    # A burst made it big: give the room back (16 K buckets each keeping their
+                    # largest burst would hold hundreds of MB for nothing).
+                    free(bk.ev)
+                    bk.ev = NULL
+                    bk.cap = 0
             while self.heap_len > 0 and (self.heap[0].time >> BUCKET_BITS) == self.cur:
                 if self.act_len == self.act_cap:
                     self.active_reserve(1)
@@ -930,8 +937,9 @@ cdef class Engine:
 
     cdef int revert_in_flight(self) except -1:
         """Links just failed: a packet queued ahead for its next link (see try_transmit) that has
-        not arrived yet, on a failed link or for one, becomes an arrival event again, so that it is
-        lost when it arrives, as on_packet_arrive says (the queueing ahead changes no outcome)."""
+        not arrived yet (or arrives now: a failure is handled before the arrivals of its time), on
+        a failed link or for one, becomes an arrival event again, so that it is lost when it
+        arrives, as on_packet_arrive says."""
         cdef int64_t link, q, base, n, pos
         cdef int32_t p, prev, nx, came
         for link in range(self.n_links):
@@ -945,7 +953,7 @@ cdef class Engine:
                 while p >= 0:
                     nx = self.pkts[p].next
                     came = self.pkts[p].in_link
-                    if came >= 0 and self.pkts[p].ready > self.now and (
+                    if came >= 0 and self.pkts[p].ready >= self.now and (
                             not self.lk[came].alive or not self.lk[link].alive):
                         if prev < 0:
                             self.voq_head[q] = nx

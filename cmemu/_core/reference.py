@@ -304,7 +304,7 @@ class Engine:
                     nx = self.pkt_next[p]
                     pk = self.pkts[p]
                     came = pk.in_link
-                    if came >= 0 and pk.ready > self.now and (not self.link_alive[came] or not self.link_alive[n]):
+                    if came >= 0 and pk.ready >= self.now and (not self.link_alive[came] or not self.link_alive[n]):
                         if prev < 0:
                             self.voq_head[q] = nx
                         else:
