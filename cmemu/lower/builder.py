@@ -41,7 +41,6 @@ class OpBuilder:
         self._edst = []
         self.messages = MessageTable()
         self.names: list[str] = []  # names of the trace ops (the first ops)
-        self._msg_assign = []  # (op indices, message indices)
         self.report_start: dict[int, int] = {}  # trace op -> op whose start is its start
 
     def ops(self, count: int, **cols) -> np.ndarray:
@@ -71,13 +70,8 @@ class OpBuilder:
         n = src.size
         send_op = np.broadcast_to(np.asarray(send_op, dtype=np.int64), (n,))
         recv_op = np.broadcast_to(np.asarray(recv_op, dtype=np.int64), (n,))
-        first = len(self.messages)
         self.messages.add_many(topo, src, np.broadcast_to(dst, (n,)), np.broadcast_to(nbytes, (n,)),
                                send_op, recv_op, kind=kind, plane=plane)
-        ids = np.arange(first, first + n)
-        for ops in (send_op, recv_op):
-            has = ops >= 0
-            self._msg_assign.append((ops[has], ids[has]))
 
     def column(self, name: str) -> np.ndarray:
         dtype, default = _COLUMNS[name]
@@ -94,8 +88,14 @@ class OpBuilder:
 
         n = self.n
         msg = self.column("msg")
-        for ops, ids in self._msg_assign:
-            msg[ops] = ids
+        messages = self.messages.arrays()
+        # An op that carries messages and was not given one names one of them (the last).
+        ids = np.arange(len(self.messages), dtype=np.int32)
+        for key in ("msg_send_op", "msg_recv_op"):
+            ops = messages[key]
+            has = (ops >= 0) & (ops < n)
+            has[has] = msg[ops[has]] < 0
+            msg[ops[has]] = ids[has]
         src = np.concatenate(self._esrc) if self._esrc else np.zeros(0, dtype=np.int64)
         dst = np.concatenate(self._edst) if self._edst else np.zeros(0, dtype=np.int64)
         if src.size:
@@ -121,7 +121,7 @@ class OpBuilder:
             die_aiv_cores=np.asarray(die_aiv, dtype=np.int32),
             succ_ptr=succ_ptr,
             succ_idx=dst.astype(np.int32),
-            **self.messages.arrays(),
+            **messages,
             n_resources=n_resources,
             op_node_id=self.column("node_id"),
             op_type=self.column("type"),

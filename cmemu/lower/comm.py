@@ -17,6 +17,9 @@ _HASH_MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads message numbers 
 
 
 _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")
+# Stored as the engine reads them (26 B a message, not 56: a big lowering holds millions).
+_DTYPES = {"src": np.int32, "dst": np.int32, "nbytes": np.int64, "kind": np.uint8, "path": np.uint8,
+           "send_op": np.int32, "recv_op": np.int32}
 
 
 class MessageTable:
@@ -36,7 +39,7 @@ class MessageTable:
 
     def _flush(self) -> None:
         if self._rows["src"]:
-            self._chunks.append({c: np.asarray(v, dtype=np.int64) for c, v in self._rows.items()})
+            self._chunks.append({c: np.asarray(v, dtype=_DTYPES[c]) for c, v in self._rows.items()})
             self._rows = {c: [] for c in _COLUMNS}
 
     def add(self, topo: Topology, src: int, dst: int, nbytes: int, plane: str, send_op: int, recv_op: int,
@@ -78,35 +81,40 @@ class MessageTable:
             self._n += n
             return
         self._flush()
-        self._chunks.append({
-            "src": src, "dst": dst, "path": path,
-            "nbytes": np.broadcast_to(np.asarray(nbytes, dtype=np.int64), (n,)),
-            "kind": np.full(n, kind, dtype=np.int64),
-            "send_op": np.broadcast_to(np.asarray(send_op, dtype=np.int64), (n,)),
-            "recv_op": np.broadcast_to(np.asarray(recv_op, dtype=np.int64), (n,)),
-        })
+        cols = {"src": src, "dst": dst, "path": path, "nbytes": nbytes, "kind": kind, "send_op": send_op,
+                "recv_op": recv_op}
+        # Ids and sizes of ops and endpoints fit int32 (the engine's own types).
+        self._chunks.append({c: np.broadcast_to(np.asarray(v).astype(_DTYPES[c], copy=False), (n,))
+                             for c, v in cols.items()})
         self._n += n
 
     def column(self, name: str) -> np.ndarray:
         self._flush()
         if not self._chunks:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.ravel(c[name]) for c in self._chunks])
+            return np.zeros(0, dtype=_DTYPES[name])
+        return np.concatenate([np.ravel(c[name]) for c in self._chunks]).astype(_DTYPES[name], copy=False)
 
     def arrays(self) -> dict:
         n = self._n
-        src = self.column("src").astype(np.int32)
-        dst = self.column("dst").astype(np.int32)
-        # A deterministic per-message hash picks the first path (plane, L2 chip) of a message.
-        h = (np.arange(n, dtype=np.uint64) * np.uint64(_HASH_MULT) + src.astype(np.uint64) * np.uint64(7919)
-             + dst.astype(np.uint64) * np.uint64(104729)) % np.uint64(2**31)
+        src = self.column("src")
+        dst = self.column("dst")
+        # A deterministic per-message hash picks the first path (plane, L2 chip) of a message:
+        # (m * _HASH_MULT + src * 7919 + dst * 104729) mod 2**31, in place (millions of messages).
+        h = np.arange(n, dtype=np.uint64)
+        h *= np.uint64(_HASH_MULT)
+        for ep, mult in ((src, 7919), (dst, 104729)):
+            term = ep.astype(np.uint64)
+            term *= np.uint64(mult)
+            h += term
+            del term
+        h %= np.uint64(2**31)
         return {
             "msg_src": src,
             "msg_dst": dst,
             "msg_bytes": self.column("nbytes"),
-            "msg_kind": self.column("kind").astype(np.uint8),
-            "msg_path": self.column("path").astype(np.uint8),
-            "msg_hash": h.astype(np.int64),
-            "msg_send_op": self.column("send_op").astype(np.int32),
-            "msg_recv_op": self.column("recv_op").astype(np.int32),
+            "msg_kind": self.column("kind"),
+            "msg_path": self.column("path"),
+            "msg_hash": h.view(np.int64),  # below 2**31: the same bits
+            "msg_send_op": self.column("send_op"),
+            "msg_recv_op": self.column("recv_op"),
         }
