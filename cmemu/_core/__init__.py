@@ -41,7 +41,9 @@ def op_message_lists(lowered):
         ids.append(m[has])
     owner = np.concatenate(owners)
     idx = np.concatenate(ids)
-    order = np.lexsort((idx, owner))
+    # An op is a SEND or a RECV, so its messages all come from one of the two parts, in id
+    # order: a stable sort by op keeps them so.
+    order = np.argsort(owner, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
     carried = lowered.op_msg >= 0
