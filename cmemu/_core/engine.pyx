@@ -76,17 +76,14 @@ cdef enum:
 cdef enum:
     EV_OP_READY = 0
     EV_OP_DONE = 1
-    EV_MSG_START = 2  # (no longer scheduled: a message's start is a time its packets wait for)
-    EV_LINK_FREE = 3
-    EV_PKT_ARRIVE = 4
-    EV_SINK_DONE = 5
-    EV_RESP_INJECT = 6
-    EV_ACK = 7  # (no longer scheduled: an ack time ends its send op directly)
-    EV_WAKE = 11  # an initiator whose window was full may issue again
-    EV_MSG_DELIVERED = 8  # (no longer scheduled: a delivery time ends its receive op directly)
-    EV_FAIL = 9
-    EV_RETRANSMIT = 10
-    EV_HBM_DONE = 12  # the op of a die's HBM share that finishes first (if still so)
+    EV_LINK_FREE = 2
+    EV_PKT_ARRIVE = 3
+    EV_SINK_DONE = 4
+    EV_RESP_INJECT = 5
+    EV_WAKE = 6  # an initiator whose window was full may issue again
+    EV_FAIL = 7
+    EV_RETRANSMIT = 8
+    EV_HBM_DONE = 9  # the op of a die's HBM share that finishes first (if still so)
 
 cdef int64_t PS_PER_S = 1000000000000
 
