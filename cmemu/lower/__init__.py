@@ -147,55 +147,76 @@ def comp_cores(node, die) -> tuple[int, int]:
     return (cores, 0) if unit == "aic" else (0, cores)
 
 
+def _node_columns(trace, die) -> tuple[dict, tuple, list]:
+    """Per trace node: the engine columns that follow from its type and attributes.
+
+    Nodes of one type with one attrs dict (the loader shares a dict between nodes whose
+    attributes are equal) are one *shape*: its cost is computed once, at its first node in file
+    order (so the first bad node is the one an error names), and spread to every node by
+    indexing. Returns the columns, the pipe-task rows and the node names.
+    """
+    nodes = trace.nodes
+    n = len(nodes)
+    types = [node.type for node in nodes]
+    shape_of = {}
+    shape = np.fromiter((shape_of.setdefault(key, len(shape_of))
+                         for key in zip(types, map(id, (node.attrs for node in nodes)))), dtype=np.int64, count=n)
+    first = np.unique(shape, return_index=True)[1]  # shapes are numbered in order of first node
+    mem_latency = (hbm_latency_ps(die, store=False), hbm_latency_ps(die, store=True))
+    table = {c: np.zeros(len(shape_of), dtype=dt) for c, dt in
+             (("kind", np.uint8), ("type", np.uint8), ("nbytes", np.int64), ("dur", np.int64), ("lat", np.int64),
+              ("aic", np.int32), ("aiv", np.int32), ("hbm", np.int64))}
+    pipes = []  # per shape: (pipe codes, busy ps per core) of the die model's pipe tasks
+    for s, i in enumerate(first.tolist()):
+        node = nodes[i]
+        table["kind"][s] = kind = _KIND_OF_TYPE[node.type]
+        table["type"][s] = OP_TYPE_CODE[node.type]
+        table["nbytes"][s] = nbytes = _op_bytes(node)
+        rows = ()
+        if node.type == "COMP":
+            table["dur"][s] = comp_duration_ps(node, die, trace.path)
+            table["aic"][s], table["aiv"][s] = comp_cores(node, die)
+            cost = comp_cost(node, die, trace.path)
+            if cost is not None:
+                table["hbm"][s] = cost.hbm_byte
+                rows = _pipe_tasks(cost, die)
+        elif kind == OP_KIND_MEM:
+            table["hbm"][s] = nbytes
+            table["dur"][s] = hbm_service_ps(nbytes, die, store=node.type == "MEM_STORE")
+            table["lat"][s] = mem_latency[node.type == "MEM_STORE"]
+        pipes.append(rows)
+    cols = {c: col[shape] for c, col in table.items()}
+    cols["rank"] = np.fromiter((node.rank for node in nodes), dtype=np.int32, count=n)
+    cols["stream"] = np.fromiter((node.stream for node in nodes), dtype=np.int32, count=n)
+    cols["node_id"] = np.fromiter((node.id for node in nodes), dtype=np.int64, count=n)
+    cols["res"] = np.where(cols["kind"] == OP_KIND_MEM, cols["rank"], -1).astype(np.int32)  # one HBM server per die
+    # Pipe-task rows in op order: each op repeats its shape's rows.
+    count = np.array([len(r) for r in pipes], dtype=np.int64)[shape]
+    ops = np.repeat(np.arange(n), count)
+    flat = np.array([row for r in pipes for row in r], dtype=np.int64).reshape(-1, 2)
+    start = np.concatenate([[0], np.cumsum([len(r) for r in pipes])])[:-1]
+    local = np.arange(ops.size) - np.repeat(np.cumsum(count) - count, count)
+    src = np.repeat(start[shape], count) + local
+    rows = (ops, flat[src, 0], flat[src, 1])
+    return cols, rows, [node.name for node in nodes]
+
+
 def lower(trace, topo: Topology) -> Lowered:
     """Lower a validated trace (``cmemu.trace.Trace``) onto a topology."""
     from cmemu.lower.collectives import collective_instances, lower_collective
-    from cmemu.trace import match_messages, stream_predecessors
+    from cmemu.trace import match_messages
 
     die = topo.spec.die
     nodes = trace.nodes
     n = len(nodes)
     index = {node.id: i for i, node in enumerate(nodes)}
-    kind = np.empty(n, dtype=np.uint8)
-    dur = np.zeros(n, dtype=np.int64)
-    lat = np.zeros(n, dtype=np.int64)
-    res = np.full(n, -1, dtype=np.int32)
-    aic = np.zeros(n, dtype=np.int32)
-    aiv = np.zeros(n, dtype=np.int32)
-    op_type = np.empty(n, dtype=np.uint8)
-    rank = np.empty(n, dtype=np.int32)
-    stream = np.empty(n, dtype=np.int32)
-    nbytes = np.empty(n, dtype=np.int64)
-    hbm = np.zeros(n, dtype=np.int64)
-    node_id = np.empty(n, dtype=np.int64)
-    names = []
-    pipe_rows = []
-    mem_latency = (hbm_latency_ps(die, store=False), hbm_latency_ps(die, store=True))
-    for i, node in enumerate(nodes):
-        kind[i] = _KIND_OF_TYPE[node.type]
-        op_type[i] = OP_TYPE_CODE[node.type]
-        rank[i] = node.rank
-        stream[i] = node.stream
-        node_id[i] = node.id
-        nbytes[i] = _op_bytes(node)
-        names.append(node.name)
-        if node.type == "COMP":
-            dur[i] = comp_duration_ps(node, die, trace.path)
-            aic[i], aiv[i] = comp_cores(node, die)
-            cost = comp_cost(node, die, trace.path)
-            hbm[i] = cost.hbm_byte if cost is not None else 0
-            if cost is not None:
-                _pipe_tasks(i, cost, die, pipe_rows)
-        elif kind[i] == OP_KIND_MEM:
-            hbm[i] = nbytes[i]
-            dur[i] = hbm_service_ps(nbytes[i], die, store=node.type == "MEM_STORE")
-            lat[i] = mem_latency[node.type == "MEM_STORE"]
-            res[i] = node.rank  # one HBM server per die
+    cols, (pipe_op, pipe_code, pipe_busy), names = _node_columns(trace, die)
 
     b = OpBuilder()
     b.names = names
-    b.ops(n, kind=kind, dur=dur, lat=lat, res=res, aic=aic, aiv=aiv, rank=rank, stream=stream,
-          node_id=node_id, type=op_type, nbytes=nbytes, hbm=hbm)
+    rank, stream = cols["rank"], cols["stream"]
+    b.ops(n, **cols)
+    del cols
     for send_id, recv_id in match_messages(trace):
         s, r = index[send_id], index[recv_id]
         send = nodes[s]
@@ -208,30 +229,41 @@ def lower(trace, topo: Topology) -> Lowered:
         entry.update(lower_collective(b, topo, trace, [index[m] for m in members]))
 
     # Edges pred -> succ: data deps, control deps and stream order.
-    preds = stream_predecessors(trace)
-    src_list, dst_list = [], []
-    for i, node in enumerate(nodes):
-        to = entry.get(i, i)
-        for d in node.data_deps:
-            src_list.append(index[d])
-            dst_list.append(to)
-        for d in node.ctrl_deps:
-            src_list.append(index[d])
-            dst_list.append(to)
-        prev = preds.get(node.id)
-        if prev is not None:
-            src_list.append(index[prev])
-            dst_list.append(to)
-    b.edges(src_list, dst_list)
+    to = np.arange(n)
+    if entry:
+        to[list(entry)] = list(entry.values())
+    src, dst = _trace_edges(nodes, index, rank, stream)
+    b.edges(src, to[dst])
     dies = topo.num_dies
     lowered = b.build(dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores), num_trace_ops=n)
     lowered.die_hbm_byte_per_s = np.full(dies, hbm_capacity_byte_per_s(die), dtype=np.int64)
-    if pipe_rows:
-        rows = np.asarray(pipe_rows, dtype=np.int64)
-        lowered.pipe_task_op = rows[:, 0].astype(np.int32)
-        lowered.pipe_task_pipe = rows[:, 1].astype(np.uint8)
-        lowered.pipe_task_busy_ps = rows[:, 2]
+    if pipe_op.size:
+        lowered.pipe_task_op = pipe_op.astype(np.int32)
+        lowered.pipe_task_pipe = pipe_code.astype(np.uint8)
+        lowered.pipe_task_busy_ps = pipe_busy
     return lowered
+
+
+def _trace_edges(nodes, index, rank, stream) -> tuple[np.ndarray, np.ndarray]:
+    """(pred, succ) node indices of the trace's edges: for each node in file order its data
+    deps, its control deps, then the node before it on its (rank, stream)."""
+    from itertools import chain
+
+    n = len(nodes)
+    parts = []
+    for deps in ([node.data_deps for node in nodes], [node.ctrl_deps for node in nodes]):
+        count = np.fromiter(map(len, deps), dtype=np.int64, count=n)
+        pred = np.fromiter(map(index.__getitem__, chain.from_iterable(deps)), dtype=np.int64, count=int(count.sum()))
+        parts.append((pred, np.repeat(np.arange(n), count)))
+    # Stream order: sort by (rank, stream), stably, and link neighbours of one stream.
+    key = rank.astype(np.int64) << 32 | stream.astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    same = key[order[1:]] == key[order[:-1]]
+    parts.append((order[:-1][same], order[1:][same]))
+    pred = np.concatenate([p for p, _ in parts])
+    succ = np.concatenate([s for _, s in parts])
+    by_succ = np.argsort(succ, kind="stable")  # each node's edges together, in the order above
+    return pred[by_succ], succ[by_succ]
 
 
 def hbm_capacity_byte_per_s(die) -> int:
@@ -243,16 +275,18 @@ def hbm_capacity_byte_per_s(die) -> int:
     return int(m.hbm_read_byte_per_cycle / m.cycle_ps * 1e12)
 
 
-def _pipe_tasks(op: int, cost, die, rows: list) -> None:
-    """(op, pipe, busy ps per core) for each pipe the die model kept busy in the op."""
+def _pipe_tasks(cost, die) -> list:
+    """(pipe, busy ps per core) for each pipe the die model kept busy in an op of this cost."""
     from cmemu.output.schema import PIPE_CODE
 
     cycle_ps = 1e6 / die.ai_core_clock_mhz
+    rows = []
     for key, cycles in cost.pipe_busy_cycles.items():
         unit, pipe = key.split(".")
         cores = cost.aic_cores if unit == "AIC" else cost.aiv_cores
         if cycles > 0 and cores > 0 and pipe in PIPE_CODE:
-            rows.append((op, PIPE_CODE[pipe], round(cycles / cores * cycle_ps)))
+            rows.append((PIPE_CODE[pipe], round(cycles / cores * cycle_ps)))
+    return rows
 
 
 def lowered_from_parts(kind, dur, succ_src, succ_dst, messages: MessageTable | None, op_msg=None, rank=None) -> Lowered:

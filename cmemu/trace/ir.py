@@ -85,7 +85,9 @@ class Node:
 
     ``attrs`` holds every attribute of the node's type that has a default (e.g. ``comm_tag``,
     ``cmemu.plane``, ``cmemu.unit``), the ones given, and ``x-`` attributes as written.
-    ``cmemu.cores`` is absent when not given (meaning: all cores of the unit).
+    ``cmemu.cores`` is absent when not given (meaning: all cores of the unit). Nodes of one type
+    with equal attributes share one ``attrs`` dict (and nodes with one name one string): treat
+    them as read-only.
     """
 
     id: int
@@ -526,6 +528,10 @@ def _check(doc, path: str, num_ranks: int, build: bool):
     forward = False  # some dependency names a node later in the file
     node_keys = _NODE_KEYS
     no_deps = ()
+    # Many nodes repeat a name (one per rank) and attributes (one operator shape): the nodes keep
+    # one string and one checked attrs dict for each, as the lowering's per-shape costs expect.
+    shared_names = {}
+    shared_attrs = {}  # (type, raw items, their value types) -> attrs, for attrs without problems
     for i, nd in enumerate(nodes_in):
         if type(nd) is not dict:
             continue
@@ -559,6 +565,8 @@ def _check(doc, path: str, num_ranks: int, build: bool):
                 name = f"{ntype.lower()}_{label}"
         elif type(name) is not str or not name:
             err(i, f"{pre}must be a non-empty string, got {_kind(name)}", label, "name")
+        elif build:
+            name = shared_names.setdefault(name, name)
 
         rank = get("rank")
         if type(rank) is not int or not 0 <= rank < num_ranks:
@@ -603,7 +611,7 @@ def _check(doc, path: str, num_ranks: int, build: bool):
                     elif j == i:
                         err(i, f"{pre}node {d} depends on itself", label, fld)
                     else:
-                        good.append(d)
+                        good.append(ids[j])  # the id's own int object, not a copy per dep
                         if j > i:
                             forward = True
                 if missing:
@@ -632,7 +640,20 @@ def _check(doc, path: str, num_ranks: int, build: bool):
                 err(i, f"{pre}must be an object, got {_kind(raw_attrs)}", label, "attrs")
                 raw_attrs = None
         if type_ok and raw_attrs is not None:
-            attrs = _check_attrs(ntype, raw_attrs, rank, num_ranks, i, label, pre, err)
+            # A message's attributes are checked against its rank; other nodes' only against
+            # themselves. The value types are in the key: 1, 1.0 and true are equal in a tuple.
+            key = None
+            if ntype not in _COMM_PEER:
+                key = (ntype, tuple(raw_attrs.items()), tuple(map(type, raw_attrs.values())))
+                try:
+                    attrs = shared_attrs.get(key)
+                except TypeError:  # an unhashable value (an 'x-' array or object)
+                    key = None
+            if attrs is None:
+                before = len(found)
+                attrs = _check_attrs(ntype, raw_attrs, rank, num_ranks, i, label, pre, err)
+                if key is not None and len(found) == before:
+                    shared_attrs[key] = attrs
 
         if nid is not None and rank is not None and stream is not None:
             stream_of[i] = (rank, stream)
