@@ -57,8 +57,9 @@ class OpBuilder:
         return int(self.ops(1, **cols)[0])
 
     def edges(self, src, dst) -> None:
-        """Dependencies src[i] -> dst[i] (arrays or scalars, broadcast)."""
-        src, dst = np.broadcast_arrays(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))
+        """Dependencies src[i] -> dst[i] (arrays or scalars, broadcast); op ids are int32, as
+        the engine reads them."""
+        src, dst = np.broadcast_arrays(np.asarray(src, dtype=np.int32), np.asarray(dst, dtype=np.int32))
         if src.size:
             self._esrc.append(src.ravel())
             self._edst.append(dst.ravel())
@@ -73,22 +74,29 @@ class OpBuilder:
         self.messages.add_many(topo, src, np.broadcast_to(dst, (n,)), np.broadcast_to(nbytes, (n,)),
                                send_op, recv_op, kind=kind, plane=plane)
 
-    def column(self, name: str) -> np.ndarray:
+    def _take_column(self, name: str) -> np.ndarray:
+        """One op column over every chunk (the default where a chunk does not give it); the
+        chunks' own arrays for it are freed as it is joined."""
         dtype, default = _COLUMNS[name]
         out = np.full(self.n, default, dtype=dtype)
         at = 0
         for count, cols in self._chunks:
             if name in cols:
-                out[at:at + count] = cols[name]
+                out[at:at + count] = cols.pop(name)
             at += count
         return out
 
     def build(self, n_resources: int, die_aic, die_aiv, num_trace_ops: int):
+        """The engine's arrays (``Lowered``). This empties the builder: its chunks, edge lists
+        and messages are freed as the arrays are joined, so that the peak stays near the size of
+        the result."""
         from cmemu.lower import Lowered
 
+        if self._chunks is None:
+            raise RuntimeError("this OpBuilder was already built")
         n = self.n
-        msg = self.column("msg")
         messages = self.messages.arrays()
+        msg = self._take_column("msg")
         # An op that carries messages and was not given one names one of them (the last).
         ids = np.arange(len(self.messages), dtype=np.int32)
         for key in ("msg_send_op", "msg_recv_op"):
@@ -96,42 +104,52 @@ class OpBuilder:
             has = (ops >= 0) & (ops < n)
             has[has] = msg[ops[has]] < 0
             msg[ops[has]] = ids[has]
-        src = np.concatenate(self._esrc) if self._esrc else np.zeros(0, dtype=np.int64)
-        dst = np.concatenate(self._edst) if self._edst else np.zeros(0, dtype=np.int64)
+            del has
+        del ids
+        self.messages = None
+        src = np.concatenate(self._esrc) if self._esrc else np.zeros(0, dtype=np.int32)
+        self._esrc = None
+        dst = np.concatenate(self._edst) if self._edst else np.zeros(0, dtype=np.int32)
+        self._edst = None
         if src.size:
             # Grouped by source for the CSR lists. A repeated edge is harmless: it is counted in
             # the successor's predecessors and released as often.
             order = np.argsort(src, kind="stable")
-            src, dst = src[order], dst[order]
+            dst = dst[order]
+            src = src[order]
+            del order
         succ_ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+        del src
         report = np.full(n, -1, dtype=np.int32)
         for op, start_from in self.report_start.items():
             report[op] = start_from
+        columns = {name: self._take_column(name) for name in _COLUMNS if name != "msg"}
+        self._chunks = None
         return Lowered(
-            op_kind=self.column("kind"),
-            op_dur_ps=self.column("dur"),
-            op_lat_ps=self.column("lat"),
-            op_res=self.column("res"),
+            op_kind=columns["kind"],
+            op_dur_ps=columns["dur"],
+            op_lat_ps=columns["lat"],
+            op_res=columns["res"],
             op_msg=msg,
             op_npred=np.bincount(dst, minlength=n).astype(np.int32),
-            op_aic=self.column("aic"),
-            op_aiv=self.column("aiv"),
+            op_aic=columns["aic"],
+            op_aiv=columns["aiv"],
             die_aic_cores=np.asarray(die_aic, dtype=np.int32),
             die_aiv_cores=np.asarray(die_aiv, dtype=np.int32),
             succ_ptr=succ_ptr,
-            succ_idx=dst.astype(np.int32),
+            succ_idx=dst,
             **messages,
             n_resources=n_resources,
-            op_node_id=self.column("node_id"),
-            op_type=self.column("type"),
-            op_rank=self.column("rank"),
-            op_stream=self.column("stream"),
-            op_bytes=self.column("nbytes"),
-            op_hbm_bytes=self.column("hbm"),
+            op_node_id=columns["node_id"],
+            op_type=columns["type"],
+            op_rank=columns["rank"],
+            op_stream=columns["stream"],
+            op_bytes=columns["nbytes"],
+            op_hbm_bytes=columns["hbm"],
             op_name=self.names,
-            op_parent=self.column("parent"),
-            op_lane=self.column("lane"),
+            op_parent=columns["parent"],
+            op_lane=columns["lane"],
             op_report_start=report,
             num_trace_ops=num_trace_ops,
         )

@@ -150,9 +150,8 @@ def lower_collective(b, topo, trace, ops) -> dict:
     ctx = _Ctx(b, topo, trace, ops)
     ctype = ctx.attrs["comm_type"]
     members = len(ops)
-    entries = [ctx.comp(m, 0, -1) for m in range(members)]
-    for m, op in enumerate(ops):
-        b.report_start[op] = entries[m]
+    entries = b.ops(members, kind=OP_COMP, dur=0, rank=ctx.ranks, parent=ops, lane=-1, nbytes=0, hbm=0, aiv=0)
+    b.report_start.update(zip(ops, entries.tolist()))
     size = int(ctx.attrs.get("comm_size", 0))
     exits = None
     if ctype in ("ALL_TO_ALL", "ALL_GATHER"):
@@ -183,7 +182,7 @@ def lower_collective(b, topo, trace, ops) -> dict:
     else:  # the trace checker allows nothing else
         raise ValueError(f"unknown comm_type {ctype}")
     b.edges(exits, ops)
-    return dict(zip(ops, entries))
+    return dict(zip(ops, entries.tolist()))
 
 
 def _send_writes(ctx, m, start_ops, dst_members, nbytes, lane, group=None):
@@ -263,8 +262,7 @@ def _flags_and_poll(ctx, entries, sends_of, lane):
     ranks, parents = ctx.ranks, np.asarray(ctx.ops)
     entries = np.asarray(entries)
     fences = b.ops(members, kind=OP_COMP, rank=ranks, parent=parents, lane=lane)
-    for m in range(members):
-        b.edges(sends_of[m], fences[m])
+    b.edges(np.concatenate(sends_of), np.repeat(fences, [len(sends) for sends in sends_of]))
     b.edges(entries, fences)
     # One send op per member writes its flag to every other member (it ends when all are
     # acknowledged); one receive op per member waits for the flags of all the others.
@@ -280,7 +278,7 @@ def _flags_and_poll(ctx, entries, sends_of, lane):
                  lane=lane)
     b.edges(recvs, seen)
     b.edges(sends, seen)
-    return list(seen)
+    return seen
 
 
 def _exchange(ctx, starts, nbytes, after_ps=0, after_aiv=0):
@@ -294,7 +292,8 @@ def _exchange(ctx, starts, nbytes, after_ps=0, after_aiv=0):
     seen = _flags_and_poll(ctx, starts, sends_of, SDMA if ctx.engine == "sdma" else AIV)
     if not after_ps:
         return seen
-    done = [ctx.comp(m, after_ps, VECTOR, aiv=after_aiv) for m in range(members)]
+    done = ctx.b.ops(members, kind=OP_COMP, dur=after_ps, rank=ctx.ranks, parent=ctx.ops, lane=VECTOR, nbytes=0,
+                     hbm=0, aiv=after_aiv)
     ctx.b.edges(seen, done)
     return done
 
@@ -307,72 +306,134 @@ def _moe(ctx, entries, combine: bool):
     routing = moe_routing(tokens, top_k, experts, members, float(a.get("cmemu.skew", 0.0)), a.get("cmemu.seed", 0))
     payload = a.get("cmemu.payload_bytes", 2 * hidden if combine else dispatch_payload_byte(hidden))
     b = ctx.b
-    sends_of = []
-    received = np.zeros(members, dtype=np.int64)
     if not combine:
-        # Source m writes each (token, expert) pair to the expert's member.
-        for m in range(members):
-            dst = routing[m].ravel()  # pair j = token j // top_k, its (j % top_k)-th expert
-            sends_of.append(_moe_writes(ctx, m, entries[m], dst, payload, quantise=hidden, tokens=tokens))
-            received += np.bincount(dst, minlength=members) * payload
+        # Source m writes each (token, expert) pair to the expert's member: pair j is token
+        # j // top_k, its (j % top_k)-th expert.
+        dst = routing.reshape(members, -1)
+        counts = np.full(members, dst.shape[1], dtype=np.int64)
+        dst = dst.ravel()
+        received = np.bincount(dst, minlength=members) * payload
+        quantise = hidden
     else:
         # The expert's member writes each pair's output back to the token's source.
         flat = routing.ravel()
         by_holder = np.argsort(flat, kind="stable")  # pairs grouped by the member holding them
-        bounds = np.searchsorted(flat[by_holder], np.arange(members + 1))
-        pairs_per_source = tokens * top_k
-        for m in range(members):
-            src_of_pair = by_holder[bounds[m]:bounds[m + 1]] // pairs_per_source  # in source order
-            # Start with the next member's pairs, as for every staggered exchange: in source
-            # order every expert would first write to member 0 at once (an incast).
-            src_of_pair = src_of_pair[np.argsort((src_of_pair - m) % members, kind="stable")]
-            sends_of.append(_moe_writes(ctx, m, entries[m], src_of_pair, payload, quantise=0, tokens=0))
+        holder = flat[by_holder]
+        src_of_pair = by_holder // (tokens * top_k)  # in source order within a holder
+        # Each holder starts with the next member's pairs, as for every staggered exchange: in
+        # source order every expert would first write to member 0 at once (an incast).
+        dst = src_of_pair[np.lexsort(((src_of_pair - holder) % members, holder))]
+        counts = np.bincount(holder, minlength=members)
         received = np.full(members, tokens * top_k * payload, dtype=np.int64)
+        quantise = 0
+    if ctx.engine == "aiv":
+        sends_of = _moe_writes_aiv(ctx, entries, dst, counts, payload, quantise)
+    else:
+        ends = np.cumsum(counts)
+        sends_of = [_moe_writes_sdma(ctx, m, entries[m], dst[ends[m] - counts[m]:ends[m]], payload, quantise,
+                                     0 if combine else tokens) for m in range(members)]
     seen = _flags_and_poll(ctx, entries, sends_of, SDMA if ctx.engine == "sdma" else AIV)
-    done = []
-    for m in range(members):
-        if combine:
-            # Weighted sum of each token's top_k outputs (a multiply-add per element), plus writing it.
-            work = ctx.vector_ps({"num_ops": 2 * tokens * top_k * hidden,
-                                  "tensor_size": int(received[m]) + tokens * 2 * hidden, "cmemu.cores": ctx.cores})
-        else:
-            work = ctx.stream_ps(2 * int(received[m]), ctx.cores)  # read the window, write expert order
-        op = ctx.comp(m, work, VECTOR, nbytes=int(received[m]), aiv=ctx.cores)
-        b.edges(seen[m], op)
-        done.append(op)
+    if combine:
+        # Weighted sum of each token's top_k outputs (a multiply-add per element), plus writing it.
+        def work(nbytes):
+            return ctx.vector_ps({"num_ops": 2 * tokens * top_k * hidden,
+                                  "tensor_size": nbytes + tokens * 2 * hidden, "cmemu.cores": ctx.cores})
+    else:
+        def work(nbytes):
+            return ctx.stream_ps(2 * nbytes, ctx.cores)  # read the window, write expert order
+    sizes, where = np.unique(received, return_inverse=True)
+    work_ps = np.array([work(int(nb)) for nb in sizes], dtype=np.int64)[where]
+    done = b.ops(members, kind=OP_COMP, dur=work_ps, rank=ctx.ranks, parent=ctx.ops, lane=VECTOR, nbytes=received,
+                 hbm=received, aiv=ctx.cores)
+    b.edges(seen, done)
     return done
 
 
-def _moe_writes(ctx, m, start, dst_of_pair, payload, quantise, tokens):
-    """Member m's pair writes (one per (token, expert) pair) on its engine; returns send ops."""
+def _moe_writes_aiv(ctx, starts, dst_of_pair, counts, payload, quantise):
+    """Every member's pair writes on AIV-Direct, all members at once; returns each member's
+    send ops. Member m writes pairs dst_of_pair[sum(counts[:m]):][:counts[m]] (destination
+    members), and its ops are its loads then its sends, member after member.
+
+    AIV j of a member takes its pairs j, j + A, ...; it loads them into its UB a batch at a
+    time (as many tokens as half the UB holds), quantises them (dispatch) and writes each to its
+    expert, one send op per batch with a remote pair, as the batch's load ends.
+    """
+    b = ctx.b
+    members, a = len(ctx.ops), ctx.cores
+    in_byte = 2 * quantise if quantise else payload  # what is read per pair (BF16 in dispatch)
+    per_batch = max(1, ub_chunk_byte(ctx.die) // in_byte)
+    member = np.repeat(np.arange(members), counts)
+    j = np.arange(member.size) - np.repeat(np.cumsum(counts) - counts, counts)  # pair index in its member
+    batch = (j // a) // per_batch * a + j % a  # in its member
+    # Batches per member: the full groups of A * per_batch pairs, then the last group's AIVs.
+    group = -(-counts // (a * per_batch))
+    last = counts - np.maximum(group - 1, 0) * a * per_batch
+    loads_of = np.where(counts > 0, np.maximum(group - 1, 0) * a + np.minimum(a, last), 0)
+    load_first = np.cumsum(loads_of) - loads_of
+    batch += load_first[member]  # numbered over all members
+    sizes = np.bincount(batch, minlength=int(loads_of.sum()))
+    load_member = np.repeat(np.arange(members), loads_of)
+    # Sends: one per batch with a remote pair, in batch order.
+    remote = dst_of_pair != member
+    has_remote = np.zeros(sizes.size, dtype=bool)
+    has_remote[batch[remote]] = True
+    send_batch = np.flatnonzero(has_remote)
+    send_member = load_member[send_batch]
+    sends_of_n = np.bincount(send_member, minlength=members)
+    # Op ids: member m's loads, then its sends, after member m - 1's.
+    base = b.n + np.cumsum(loads_of + sends_of_n) - loads_of - sends_of_n
+    load_op = base[load_member] + np.arange(sizes.size) - load_first[load_member]
+    send_first = np.cumsum(sends_of_n) - sends_of_n
+    send_op = (base + loads_of)[send_member] + np.arange(send_batch.size) - send_first[send_member]
+    cost = {}
+    for k in np.unique(sizes).tolist():
+        if k == 0:
+            cost[k] = 0
+        elif quantise:
+            cost[k] = ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": k, "cmemu.cols": quantise,
+                                     "cmemu.cores": 1})
+        else:
+            cost[k] = ctx.stream_ps(k * payload, 1)
+    total = sizes.size + send_batch.size
+    loads_at, sends_at = load_op - b.n, send_op - b.n
+    cols = {"kind": np.full(total, OP_SEND, dtype=np.uint8), "dur": np.zeros(total, dtype=np.int64),
+            "nbytes": np.zeros(total, dtype=np.int64), "hbm": np.zeros(total, dtype=np.int64),
+            "aiv": np.zeros(total, dtype=np.int32), "rank": np.empty(total, dtype=np.int64),
+            "parent": np.empty(total, dtype=np.int64)}
+    cols["kind"][loads_at] = OP_COMP
+    cols["dur"][loads_at] = np.array([cost[k] for k in sizes.tolist()], dtype=np.int64)
+    cols["nbytes"][loads_at] = cols["hbm"][loads_at] = sizes * in_byte
+    cols["aiv"][loads_at] = 1
+    pairs_per_send = np.bincount(batch[remote], minlength=sizes.size)[send_batch]
+    cols["nbytes"][sends_at] = pairs_per_send * payload
+    parents = np.asarray(ctx.ops)
+    cols["rank"][loads_at], cols["parent"][loads_at] = ctx.ranks[load_member], parents[load_member]
+    cols["rank"][sends_at], cols["parent"][sends_at] = ctx.ranks[send_member], parents[send_member]
+    b.ops(total, lane=AIV, **cols)
+    # Each AIV's loads in a chain after the member's start; a batch's send after its load.
+    t = np.arange(sizes.size) - load_first[load_member]
+    head = t < a
+    b.edges(np.asarray(starts)[load_member[head]], load_op[head])
+    chained = t + a < loads_of[load_member]
+    b.edges(load_op[chained], load_op[np.flatnonzero(chained) + a])
+    b.edges(load_op[send_batch], send_op)
+    # The writes, member by member, each batch's in pair order.
+    order = np.argsort(batch[remote], kind="stable")
+    msg_batch = batch[remote][order]
+    send_of_batch = np.full(sizes.size, -1, dtype=np.int64)
+    send_of_batch[send_batch] = send_op
+    src = ctx.ranks[member[remote][order]]
+    b.messages_between(ctx.topo, src, ctx.ranks[dst_of_pair[remote][order]], payload, send_of_batch[msg_batch], -1,
+                       kind=MSG_WRITE)
+    return np.split(send_op, np.cumsum(sends_of_n)[:-1])
+
+
+def _moe_writes_sdma(ctx, m, start, dst_of_pair, payload, quantise, tokens):
+    """Member m's pair writes on SDMA: quantise (or gather) every pair into a staging buffer on
+    the AIVs, then one descriptor per destination with all its pairs. Returns its send ops."""
     b = ctx.b
     dst_of_pair = np.asarray(dst_of_pair, dtype=np.int64)
     remote = dst_of_pair != m
-    if ctx.engine == "aiv":
-        # AIV j takes pairs j, j + A, ...; it loads them into its UB a batch at a time (as many
-        # tokens as half the UB holds), quantises them (dispatch) and writes each to its expert.
-        n = len(dst_of_pair)
-        a = ctx.cores
-        in_byte = 2 * quantise if quantise else payload  # what is read per pair (BF16 in dispatch)
-        per_batch = max(1, ub_chunk_byte(ctx.die) // in_byte)
-        batch = (np.arange(n) // a) // per_batch * a + np.arange(n) % a
-        sizes = np.bincount(batch)
-        cost = {}
-        for k in np.unique(sizes):
-            if k == 0:
-                cost[k] = 0
-            elif quantise:
-                cost[k] = ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": int(k), "cmemu.cols": quantise,
-                                         "cmemu.cores": 1})
-            else:
-                cost[k] = ctx.stream_ps(int(k) * payload, 1)
-        loads = ctx.comp(m, np.array([cost[k] for k in sizes], dtype=np.int64), AIV, nbytes=sizes * in_byte, aiv=1,
-                         count=len(sizes))
-        _aiv_chains(ctx, start, loads)
-        # The writes of a batch go out as the batch's loads end, one send op per batch.
-        return _send_writes(ctx, m, loads, dst_of_pair[remote], payload, AIV, group=batch[remote])
-    # SDMA: quantise (or gather) every pair into a staging buffer on the AIVs, then one
-    # descriptor per destination with all its pairs.
     n = len(dst_of_pair)
     stage_ps = ctx.stream_ps(2 * n * payload, ctx.cores)  # gather the pairs per destination
     if quantise and tokens:

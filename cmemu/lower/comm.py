@@ -38,6 +38,8 @@ class MessageTable:
         return self._n
 
     def _flush(self) -> None:
+        if self._chunks is None:
+            raise RuntimeError("this MessageTable's arrays were already taken")
         if self._rows["src"]:
             self._chunks.append({c: np.asarray(v, dtype=_DTYPES[c]) for c, v in self._rows.items()})
             self._rows = {c: [] for c in _COLUMNS}
@@ -88,33 +90,43 @@ class MessageTable:
                              for c, v in cols.items()})
         self._n += n
 
-    def column(self, name: str) -> np.ndarray:
-        self._flush()
-        if not self._chunks:
-            return np.zeros(0, dtype=_DTYPES[name])
-        return np.concatenate([np.ravel(c[name]) for c in self._chunks]).astype(_DTYPES[name], copy=False)
+    def _take_column(self, name: str) -> np.ndarray:
+        """Join one column of every chunk into one array, freeing the chunks' copies of it."""
+        out = np.empty(self._n, dtype=_DTYPES[name])
+        at = 0
+        for chunk in self._chunks:
+            part = chunk.pop(name)
+            out[at:at + part.size] = part
+            at += part.size
+        return out
 
     def arrays(self) -> dict:
+        """The messages as the engine's arrays (``Lowered.msg_*``). This empties the table: each
+        column's chunks are freed as soon as the column is joined, so that a lowering of tens of
+        millions of messages peaks near the size of the arrays themselves."""
+        if self._chunks is None:
+            raise RuntimeError("this MessageTable's arrays were already taken")
+        self._flush()
         n = self._n
-        src = self.column("src")
-        dst = self.column("dst")
+        out = {f"msg_{c}": self._take_column(c) for c in ("src", "dst", "nbytes", "kind", "path")}
+        src, dst = out["msg_src"], out["msg_dst"]
         # A deterministic per-message hash picks the first path (plane, L2 chip) of a message:
-        # (m * _HASH_MULT + src * 7919 + dst * 104729) mod 2**31, in place (millions of messages).
-        h = np.arange(n, dtype=np.uint64)
-        h *= np.uint64(_HASH_MULT)
-        for ep, mult in ((src, 7919), (dst, 104729)):
-            term = ep.astype(np.uint64)
-            term *= np.uint64(mult)
-            h += term
-            del term
-        h %= np.uint64(2**31)
-        return {
-            "msg_src": src,
-            "msg_dst": dst,
-            "msg_bytes": self.column("nbytes"),
-            "msg_kind": self.column("kind"),
-            "msg_path": self.column("path"),
-            "msg_hash": h.view(np.int64),  # below 2**31: the same bits
-            "msg_send_op": self.column("send_op"),
-            "msg_recv_op": self.column("recv_op"),
-        }
+        # (m * _HASH_MULT + src * 7919 + dst * 104729) mod 2**31, a block of messages at a time
+        # (no temporaries the size of the whole table).
+        h = np.empty(n, dtype=np.int64)
+        block = 1 << 20
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            part = np.arange(lo, hi, dtype=np.uint64)
+            part *= np.uint64(_HASH_MULT)
+            part += src[lo:hi].astype(np.uint64) * np.uint64(7919)
+            part += dst[lo:hi].astype(np.uint64) * np.uint64(104729)
+            part %= np.uint64(2**31)
+            h[lo:hi] = part  # below 2**31: the same value
+        out["msg_bytes"] = out.pop("msg_nbytes")
+        out["msg_hash"] = h
+        out["msg_send_op"] = self._take_column("send_op")
+        out["msg_recv_op"] = self._take_column("recv_op")
+        self._chunks = None
+        return {key: out[key] for key in ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path", "msg_hash",
+                                          "msg_send_op", "msg_recv_op")}
