@@ -8,6 +8,8 @@ a small lowering (both must stay within a constant factor as the work grows ~100
 import json
 import time
 
+import numpy as np
+
 from cmemu._core import make_engine
 from cmemu._core.synthetic import traffic_workload
 from cmemu.lower import lower
@@ -66,3 +68,36 @@ def test_ep320_dispatch_combine(benchmark, tmp_path):
           f"lowering cost per op {lower_ratio:.1f}x that of EP8")
     assert ratio <= MAX_EVENT_COST_RATIO
     assert lower_ratio <= MAX_LOWER_COST_RATIO
+
+
+MIN_MESSAGE_SPEEDUP = 2.0
+MAX_MESSAGE_ERROR = 0.03
+
+
+def test_ep320_message_fabric(benchmark, tmp_path):
+    """The same EP320 dispatch + combine on the message-level fabric (`--fabric message`), against
+    the packet model in the same run. Gated: at least MIN_MESSAGE_SPEEDUP times faster, and each
+    collective's latency (slowest rank) within MAX_MESSAGE_ERROR of the packet model's."""
+    topo, lowered, _ = _lowered(tmp_path, "cloudmatrix384", 320, 96)
+    packet, packet_s = _run(lowered, build_fabric(topo))
+    message, message_s = benchmark.pedantic(_run, args=(lowered, build_fabric(topo, model="message")),
+                                            rounds=1, iterations=1)
+    assert message.ops_done == lowered.num_ops and message.packets_live == 0
+
+    def latency(engine, name):
+        # A collective's node spans from its entry op's start (op_report_start) to its exit's end.
+        i = lowered.op_name.index(name)
+        part = np.arange(i, i + 320)
+        start = np.asarray(engine.op_start_ps)[lowered.op_report_start[part]]
+        return int((np.asarray(engine.op_end_ps)[part] - start).max())
+
+    errors = {n: latency(message, n) / latency(packet, n) - 1 for n in ("moe_dispatch", "moe_combine")}
+    speedup = packet_s / message_s
+    benchmark.extra_info.update(packet_events=packet.events, message_events=message.events,
+                                packet_s=round(packet_s, 3), message_s=round(message_s, 3),
+                                speedup=round(speedup, 2), **{f"{n}_error": round(e, 4) for n, e in errors.items()})
+    print(f"\nEP320 dispatch + combine, message-level fabric: {message.events:,} events in {message_s:.2f} s "
+          f"against {packet.events:,} in {packet_s:.2f} s on the packet model ({speedup:.1f}x faster); "
+          f"latency {', '.join(f'{n} {e * 100:+.1f}%' for n, e in errors.items())}")
+    assert speedup >= MIN_MESSAGE_SPEEDUP
+    assert all(abs(e) <= MAX_MESSAGE_ERROR for e in errors.values())

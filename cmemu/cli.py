@@ -97,9 +97,14 @@ def main():
 @click.option("--pipe-intervals", type=click.IntRange(min=1), default=16, show_default=True,
               help="Most busy intervals per COMP op and pipe in /tasks (the die model's tile schedule merged; "
                    "fewer when a big run would pass 4 million rows).")
+@click.option("--fabric", "fabric_model", type=click.Choice(["packet", "message"]), default="packet",
+              show_default=True,
+              help="Fabric granularity. packet: every packet on every link. message: writes of up to 64 KiB move "
+                   "as one unit, their path reserved when they start (many times faster on big MoE steps; see "
+                   "docs/model.md); larger writes and reads stay packets.")
 @reports_errors
 def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
-        pipe_intervals):
+        pipe_intervals, fabric_model):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
     from cmemu.run import run_trace
 
@@ -109,7 +114,7 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
     r = run_trace(trace, system=system, overrides=overrides, output=output,
                   native=(engine == "native"), progress=not quiet, max_memory_bytes=max_memory,
                   compression=compression, detail=detail, link_bin_ns=link_bin_ns, fail=fail,
-                  pipe_intervals=pipe_intervals)
+                  pipe_intervals=pipe_intervals, fabric_model=fabric_model)
     if quiet:
         return
     L = r.lowered
@@ -124,7 +129,7 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
     click.echo(f"  simulated time  {r.sim_end_ps / 1e6:,.3f} us")
     click.echo(f"  ops             {L.num_ops:,} ({types})")
     click.echo(f"  messages        {r.fabric_messages:,} ({r.fabric_packets:,} packets, {r.fabric_bytes:,} B, "
-               f"{r.packets_sent:,} packet-hops), collectives' included")
+               f"{r.packets_sent:,} packet-hops), collectives' included; {r.fabric_model}-level fabric")
     click.echo(f"  events          {r.events:,} (at most {r.max_pending_events:,} pending)")
     click.echo(f"  wall time       {r.wall_time_s:.3f} s ({rate / 1e6:.2f} M events/s)")
     click.echo(f"  timeline        {output}")

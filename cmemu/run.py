@@ -17,7 +17,7 @@ from cmemu._core import make_engine
 from cmemu.errors import CmemuError, DieFailedError, SimulationError, UnroutableError
 from cmemu.faults import parse_failures
 from cmemu.lower import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
-from cmemu.lower.fabric import build_fabric
+from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
 from cmemu.spec import SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
 from cmemu.units import ns_to_ps
@@ -300,6 +300,7 @@ class RunResult:
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
+    fabric_model: str = "packet"  # cmemu.lower.fabric.FABRIC_MODELS: how messages moved
 
     @property
     def sim_end_ps(self) -> int:
@@ -467,10 +468,14 @@ def run_trace(
     spec: SystemSpec | None = None,
     fail=(),
     pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
+    fabric_model: str = "packet",
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
 
     ``spec`` (a resolved SystemSpec) replaces ``system`` and ``overrides`` when given.
+
+    ``fabric_model`` is "packet" (every packet on every link) or "message" (small writes move as
+    one unit: cmemu.lower.fabric.FABRIC_MODELS).
 
     ``max_memory_bytes`` (default: ``default_memory_limit()``) bounds the run: a run whose
     estimate (``estimate_memory``) is above it fails with MemoryLimitError before it starts.
@@ -483,6 +488,8 @@ def run_trace(
 
         check_detail(detail)  # before the run: an unwritable detail level should not cost a run
         check_compression(compression)
+    if fabric_model not in FABRIC_MODELS:
+        raise CmemuError(f"--fabric must be one of {', '.join(FABRIC_MODELS)}, got {fabric_model!r}")
     if int(pipe_intervals) < 1:
         raise CmemuError(f"--pipe-intervals must be at least 1, got {pipe_intervals}")
     limit = default_memory_limit() if max_memory_bytes is None else int(max_memory_bytes)
@@ -507,7 +514,10 @@ def run_trace(
     failures = parse_failures(list(fail) + static, topo)
     check_failed_dies(lowered, failures)
     schedule = [(at, parse_failures([part], topo)) for at, part in timed]
-    fabric = build_fabric(topo, failures, schedule)
+    if schedule and FABRIC_MODELS[fabric_model]:
+        raise CmemuError("the message-level fabric (--fabric message) does not model failures during a run; "
+                         "use --fabric packet")
+    fabric = build_fabric(topo, failures, schedule, model=fabric_model)
     check_clock_range(lowered, fabric)
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
     queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
@@ -535,6 +545,7 @@ def run_trace(
         packets_lost=int(getattr(engine, "packets_lost", 0)),
         packets=engine.packet_records() if record else None,
         hbm_clock=engine.hbm_clock(),
+        fabric_model=fabric_model,
     )
     del engine  # with record_packets, its copy of the records
     check_invariants(full)
@@ -777,11 +788,17 @@ def packet_rows(full: RunResult, keep: np.ndarray) -> dict:
     nt = L.num_trace_ops
     inner = mover >= nt
     mover[inner] = L.op_parent[mover[inner]]
-    return {"start_ps": np.asarray(rec["start_ps"], dtype=np.int64), "end_ps": np.asarray(rec["end_ps"], dtype=np.int64),
+    rows = {"start_ps": np.asarray(rec["start_ps"], dtype=np.int64), "end_ps": np.asarray(rec["end_ps"], dtype=np.int64),
             "link": np.asarray(rec["link"], dtype=np.int32), "msg": msg,
             "op": mover[m].astype(np.int32), "seq": np.asarray(rec["seq"], dtype=np.int32),
             "wire_bytes": np.asarray(rec["wire_bytes"], dtype=np.int32),
             "type": np.asarray(rec["ptype"], dtype=np.uint8)}
+    start = rows["start_ps"]
+    if start.size > 1 and np.any(start[1:] < start[:-1]):
+        # The message-level fabric records a packet's links when it reserves them, ahead of time.
+        order = np.argsort(start, kind="stable")
+        rows = {k: v[order] for k, v in rows.items()}
+    return rows
 
 
 def trace_result(full: RunResult) -> RunResult:

@@ -84,3 +84,22 @@ def hbm_sharing(lowered):
     most = cap[rank[takes_part]].astype(np.float64)
     rate[takes_part] = np.clip(np.ceil(hbm[takes_part] / dur[takes_part] * 1e12), 1, most).astype(np.int64)
     return cap, rate
+
+
+def merge_link_series(bin_ps: int, rows):
+    """The engine's binned link counters, rows of (link, bin, bytes, busy_ps), as sorted COO arrays
+    with one row per (link, bin). A link's rows come in bin order on the packet-level fabric; a
+    message-level unit may fill a gap in an earlier bin (see Engine.cal_take), which leaves a
+    second row for that bin: rows of one (link, bin) are summed."""
+    import numpy as np
+
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    if rows.shape[0] > 1:
+        new = np.ones(rows.shape[0], dtype=bool)
+        new[1:] = (rows[1:, 0] != rows[:-1, 0]) | (rows[1:, 1] != rows[:-1, 1])
+        if not new.all():
+            at = np.flatnonzero(new)
+            rows = np.column_stack([rows[at, 0], rows[at, 1], np.add.reduceat(rows[:, 2], at),
+                                    np.add.reduceat(rows[:, 3], at)])
+    return {"bin_ps": int(bin_ps), "link": rows[:, 0].astype(np.int32), "bin": rows[:, 1].astype(np.int32),
+            "bytes": rows[:, 2].copy(), "busy_ps": rows[:, 3].copy()}

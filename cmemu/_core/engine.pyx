@@ -24,12 +24,17 @@ destination a write is absorbed (at the sink rate, if the endpoint has one) and 
 the ack's trip back is computed, not simulated, since acks are small and go the other way. A read
 request is answered after the target's memory latency by a response carrying the data on VL1.
 
+Message-level fabric (``fabric.message_lookahead_ps`` > 0, ``cmemu run --fabric message``): a
+write packet has its whole path reserved when it is issued (``path_reserve``): on each link the
+first idle stretch at or after its arrival that holds it, from a calendar of reserved intervals
+per link (``cal_take``); no credits, and no event of its own. Reads stay packets.
+
 Events: ``on_op_ready``, ``on_op_done``, ``on_link_free`` (only when a
 packet waits for a busy link, or for its issue time at its source), ``on_packet_arrive`` (one per
 packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_wake``.
 """
 cimport cython
-from libc.stdlib cimport malloc, realloc, free, qsort
+from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memmove
 from libc.stdint cimport int64_t, int32_t, uint8_t, uint64_t
 
@@ -37,7 +42,7 @@ import numpy as np
 cimport numpy as cnp
 
 from cmemu.errors import DieFailedError, UnroutableError
-from cmemu._core import hbm_sharing, op_message_lists
+from cmemu._core import hbm_sharing, merge_link_series, op_message_lists
 
 cnp.import_array()
 
@@ -86,6 +91,7 @@ cdef enum:
     EV_HBM_DONE = 9  # the op of a die's HBM share that finishes first (if still so)
 
 cdef int64_t PS_PER_S = 1000000000000
+cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
 
 cdef struct Event:
     int64_t time
@@ -135,7 +141,8 @@ cdef struct LinkInfo:
     int64_t cur_bytes
     int64_t cur_busy
     int64_t free_at   # the earliest pending on_link_free (-1: none)
-    int64_t pad1[2]
+    int64_t pkt_end   # the end of its last packet-level transmission
+    int64_t pad1
 
 
 cdef struct Packet:
@@ -199,7 +206,10 @@ cdef inline bint ev_less(Event* x, Event* y) noexcept nogil:
 
 cdef inline int64_t serialisation_ps(int64_t nbytes, int64_t rate_byte_per_s) noexcept nogil:
     """Time to put nbytes on a link of the given rate, rounded up to a whole picosecond."""
-    cdef cm_int128 num = <cm_int128>nbytes * PS_PER_S + rate_byte_per_s - 1
+    cdef cm_int128 num
+    if nbytes < 4000000 and rate_byte_per_s < RATE_64:  # nbytes x 10**12 + rate fits in 64 bits
+        return (nbytes * PS_PER_S + rate_byte_per_s - 1) // rate_byte_per_s
+    num = <cm_int128>nbytes * PS_PER_S + rate_byte_per_s - 1
     return <int64_t>(num / rate_byte_per_s)
 
 
@@ -266,7 +276,7 @@ cdef class Engine:
     cdef const int64_t[::1] msg_hash
     cdef const int32_t[::1] msg_send_op
     cdef const int32_t[::1] msg_recv_op
-    cdef int64_t[::1] msg_offset
+    cdef int64_t[::1] msg_dmax        # the latest delivery among its packets so far (message-level)
     cdef int64_t[::1] msg_start
     cdef int32_t[::1] msg_seq
     cdef int32_t[::1] msg_undelivered
@@ -310,6 +320,7 @@ cdef class Engine:
     cdef const int32_t[::1] fail_die
     cdef uint8_t[::1] die_failed
     cdef int64_t rto_ps
+    cdef bint links_down  # whether any link is down (else every path is alive)
     cdef readonly int64_t packets_lost
     cdef int64_t[::1] credits
     cdef int32_t[::1] voq_head
@@ -343,6 +354,16 @@ cdef class Engine:
     cdef PacketRecord* recs
     cdef int64_t recs_len, recs_cap
     cdef readonly bint record_packets
+    # Message-level fabric: a write packet reserves its whole path when it is issued
+    # (path_reserve); an initiator with a full window issues in one event the packets whose slots
+    # free within ``lookahead`` ps (inject). 0: packet level.
+    cdef int64_t lookahead
+    # Per link, the busy intervals message-level packets reserved (start, end pairs, sorted, disjoint):
+    # cal[link][2 * cal_lo[link]: 2 * cal_n[link]] (see cal_take).
+    cdef int64_t** cal
+    cdef int64_t* cal_lo
+    cdef int64_t* cal_n
+    cdef int64_t* cal_cap
 
     def __cinit__(self):
         self.lk = NULL
@@ -427,7 +448,7 @@ cdef class Engine:
         self.msg_hash = L.msg_hash
         self.msg_send_op = L.msg_send_op
         self.msg_recv_op = L.msg_recv_op
-        self.msg_offset = np.zeros(n_msgs, dtype=np.int64)
+        self.msg_dmax = np.zeros(n_msgs, dtype=np.int64)
         self.msg_start = np.zeros(n_msgs, dtype=np.int64)
         self.msg_seq = np.zeros(n_msgs, dtype=np.int32)
         self.msg_npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
@@ -477,6 +498,7 @@ cdef class Engine:
         self.fail_die = F.fail_die
         self.die_failed = np.zeros(F.d2d.shape[0], dtype=np.uint8)
         self.rto_ps = F.retransmit_timeout_ps
+        self.links_down = bool(np.any(np.asarray(F.link_alive) == 0))
         self.packets_lost = 0
         self.credits = np.repeat(F.link_credit_byte, NUM_VLS).astype(np.int64)
         self.voq_head = np.full(F.num_voqs, -1, dtype=np.int32)
@@ -507,6 +529,7 @@ cdef class Engine:
             self.lk[i].in_slot = in_slot[i]
             self.lk[i].voq_slots = vslots[i]
             self.lk[i].free_at = -1
+            self.lk[i].pkt_end = 0
             self.lk[i].alive = alive[i]
             self.lk[i].own_queue = own_queue[i]
             self.lk[i].bytes = 0
@@ -535,6 +558,15 @@ cdef class Engine:
         self.N = F.num_nodes
         self.lb = F.load_balancing
 
+        self.lookahead = getattr(F, "message_lookahead_ps", 0)
+        self.cal = <int64_t**>calloc(max(n_links, 1), sizeof(int64_t*))
+        self.cal_lo = <int64_t*>calloc(max(n_links, 1), sizeof(int64_t))
+        self.cal_n = <int64_t*>calloc(max(n_links, 1), sizeof(int64_t))
+        self.cal_cap = <int64_t*>calloc(max(n_links, 1), sizeof(int64_t))
+        if self.cal == NULL or self.cal_lo == NULL or self.cal_n == NULL or self.cal_cap == NULL:
+            raise MemoryError("link calendars")
+        if self.lookahead > 0 and F.fail_time_ps.shape[0] > 0:
+            raise ValueError("the message-level fabric does not model failures during a run")
         self.bin_ps = bin_ps
         self.series_len = 0
         self.series_cap = 1024
@@ -592,6 +624,13 @@ cdef class Engine:
             free(self.ack_heap)
         free(self.ack_len)
         free(self.ack_cap)
+        if self.cal != NULL:
+            for i in range(self.n_links):
+                free(self.cal[i])
+            free(self.cal)
+        free(self.cal_lo)
+        free(self.cal_n)
+        free(self.cal_cap)
         free(self.ops)
         free(self.lk)
         free(self.heap)
@@ -885,7 +924,7 @@ cdef class Engine:
             idx = (self.msg_hash[m] + seq) % (self.P * self.U)
         else:
             idx = self.msg_hash[m] % (self.P * self.U)
-        while not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
+        while self.links_down and not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
             tries += 1
             if path != PATH_UB or tries > 3 * self.P * self.U:
                 if p >= 0:
@@ -909,6 +948,7 @@ cdef class Engine:
         cdef int32_t link, p, prev
         for i in range(self.fail_ptr[k], self.fail_ptr[k + 1]):
             self.lk[self.fail_links[i]].alive = 0
+            self.links_down = True
         if self.fail_die[k] >= 0:
             self.die_failed[self.fail_die[k]] = 1
         self.revert_in_flight()
@@ -1069,7 +1109,9 @@ cdef class Engine:
                 break
         return 0
 
-    cdef int record(self, int32_t p, int32_t link, int64_t ser) except -1:
+    cdef int record(self, int32_t m, int32_t seq, int32_t link, int64_t start, int64_t end, int64_t wire,
+                    uint8_t ptype) except -1:
+        """One transmission on a link: a packet's, or a message-level write's (seq -1)."""
         cdef PacketRecord* grown
         cdef PacketRecord* r
         if self.recs_len == self.recs_cap:
@@ -1079,13 +1121,13 @@ cdef class Engine:
             self.recs = grown
             self.recs_cap = max(1024, 2 * self.recs_cap)
         r = &self.recs[self.recs_len]
-        r.start = self.now
-        r.end = self.now + ser
-        r.msg = self.pkts[p].msg
-        r.seq = self.pkts[p].seq
+        r.start = start
+        r.end = end
+        r.msg = m
+        r.seq = seq
         r.link = link
-        r.wire = self.pkts[p].wire
-        r.ptype = self.pkts[p].ptype
+        r.wire = <int32_t>wire
+        r.ptype = ptype
         self.recs_len += 1
         return 0
 
@@ -1124,10 +1166,7 @@ cdef class Engine:
         for i in range(self.series_len):
             for j in range(4):
                 o[i, j] = self.series[4 * i + j]
-        order = np.lexsort((out[:, 1], out[:, 0]))
-        out = out[order]
-        return {"bin_ps": int(self.bin_ps), "link": out[:, 0].astype(np.int32), "bin": out[:, 1].astype(np.int32),
-                "bytes": out[:, 2].copy(), "busy_ps": out[:, 3].copy()}
+        return merge_link_series(self.bin_ps, out)
 
     # -- link arbitration ------------------------------------------------------------------
     cdef inline int64_t next_voq(self, int32_t link, int64_t start, int64_t n) noexcept nogil:
@@ -1191,10 +1230,13 @@ cdef class Engine:
         vl = self.pkts[p].vl
         self.credits[link * NUM_VLS + vl] -= self.pkts[p].wire
         ser = serialisation_ps(self.pkts[p].wire, self.lk[link].rate)
-        self.lk[link].busy_until = self.now + ser
+        if self.now + ser > self.lk[link].busy_until:  # (message-level packets may have reserved beyond it)
+            self.lk[link].busy_until = self.now + ser
+        self.lk[link].pkt_end = self.now + ser
         self.count_transmission(link, self.now, ser, self.pkts[p].wire)
         if self.record_packets:
-            self.record(p, link, ser)
+            self.record(self.pkts[p].msg, self.pkts[p].seq, link, self.now, self.now + ser, self.pkts[p].wire,
+                        self.pkts[p].ptype)
         self.packets_sent += 1
         prev = self.pkts[p].in_link
         self.pkts[p].in_link = link
@@ -1423,6 +1465,138 @@ cdef class Engine:
         self.inject(ini)
         return 0
 
+    cdef int path_reserve(self, int32_t p, int32_t link, int64_t t) except -1:
+        """Message-level fabric: write packet p, issued at t onto its first link ``link``, has its
+        whole path reserved now, link by link, each in the link's idle time at or after the
+        packet is there (store and forward, as on the packet fabric; see cal_take); none of it is
+        an event. An initiator's packets reach its own links in issue order, as they would; a
+        later link sees them in the order their initiators issued them, and those issued first
+        keep their slots, but a packet may use any idle time before them. At the destination the sink takes it (at its
+        rate, if it has one); it is in memory one write latency later, and its ack is back after
+        the ack's trip. The message is delivered with its last packet; the send op ends with its
+        last ack."""
+        cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m], d = self.msg_dst[m]
+        cdef int hop = 0
+        cdef int64_t wire = self.pkts[p].wire, ser, rate
+        while link >= 0:
+            if t < self.lk[link].pkt_end:
+                t = self.lk[link].pkt_end
+            ser = serialisation_ps(wire, self.lk[link].rate)
+            t = self.cal_take(link, t, ser, wire)
+            if self.record_packets:
+                self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
+            if t > self.lk[link].busy_until:
+                self.lk[link].busy_until = t
+            self.packets_sent += 1
+            t += self.lk[link].lat
+            hop += 1
+            link = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, hop)
+        rate = self.ep_sink_rate[d]
+        if rate > 0:
+            if t < self.ep_sink_free[d]:
+                t = self.ep_sink_free[d]
+            t += serialisation_ps(self.pkts[p].payload, rate)
+            self.ep_sink_free[d] = t
+        t += self.ep_write_lat[d]
+        if t > self.msg_dmax[m]:
+            self.msg_dmax[m] = t
+        self.msg_undelivered[m] -= 1
+        if self.msg_undelivered[m] == 0:
+            self.deliver(m, self.msg_dmax[m])
+        t += self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
+        self.ack_push(s, t)
+        if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
+            self.wake_at(s, t)  # its initiator waits for a window slot
+        if t > self.msg_ack_max[m]:
+            self.msg_ack_max[m] = t
+        self.packet_release(p)
+        self.msg_unacked[m] -= 1
+        if self.msg_unacked[m] == 0:
+            self.acked(m)
+        return 0
+
+    cdef inline int64_t cal_gap(self, int32_t link, int64_t lo, int64_t n, int64_t* t, int64_t need) noexcept nogil:
+        """The first idle stretch of the link at or after *t that holds ``need`` ps: moves *t to
+        its start and returns the interval it ends at (n: none)."""
+        cdef int64_t* c = self.cal[link]
+        cdef int64_t i = lo, hi = n, mid
+        while i < hi:  # the first interval that ends after t
+            mid = (i + hi) >> 1
+            if c[2 * mid + 1] > t[0]:
+                hi = mid
+            else:
+                i = mid + 1
+        while i < n and c[2 * i] < t[0] + need:
+            if c[2 * i + 1] > t[0]:
+                t[0] = c[2 * i + 1]
+            i += 1
+        return i
+
+    cdef int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
+        """Reserve ``need`` ps of the link's time for a packet that is there at t: the first idle
+        stretch at or after t long enough to hold it (a packet goes out whole). Stretches between
+        the intervals reserved before may be used, so the link is not left idle while a packet
+        that has arrived waits behind one reserved earlier for a later time. Returns when the
+        packet's tail has left; the link's counters get its bytes and busy time."""
+        cdef int64_t* c = self.cal[link]
+        cdef int64_t lo = self.cal_lo[link], n = self.cal_n[link], i, j
+        cdef int64_t* grown
+        while lo < n and c[2 * lo + 1] <= self.now:  # past intervals are of no more use
+            lo += 1
+        if lo > 0 and 2 * lo >= n:
+            memmove(c, c + 2 * lo, (n - lo) * 2 * sizeof(int64_t))
+            n -= lo
+            lo = 0
+        i = self.cal_gap(link, lo, n, &t, need)
+        # [t, t + need) goes in before interval i, joining its neighbours where it touches them.
+        if i > lo and c[2 * i - 1] == t:
+            c[2 * i - 1] = t + need
+            if i < n and c[2 * i] == t + need:
+                c[2 * i - 1] = c[2 * i + 1]
+                memmove(c + 2 * i, c + 2 * i + 2, (n - i - 1) * 2 * sizeof(int64_t))
+                n -= 1
+        elif i < n and c[2 * i] == t + need:
+            c[2 * i] = t
+        else:
+            if n * 2 + 2 > self.cal_cap[link]:
+                self.cal_cap[link] = 16 if self.cal_cap[link] == 0 else 2 * self.cal_cap[link]
+                grown = <int64_t*>realloc(c, self.cal_cap[link] * sizeof(int64_t))
+                if grown == NULL:
+                    raise MemoryError("link calendar")
+                c = grown
+                self.cal[link] = c
+            memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
+            c[2 * i] = t
+            c[2 * i + 1] = t + need
+            n += 1
+        self.cal_lo[link] = lo
+        self.cal_n[link] = n
+        self.count_transmission(link, t, need, nbytes)
+        return t + need
+
+    cdef void ack_pop(self, int32_t ep) noexcept nogil:
+        """Take the earliest ack off the initiator's heap: its window slot is free."""
+        cdef int64_t* h = self.ack_heap[ep]
+        cdef int64_t n, i, child, last
+        self.ep_outstanding[ep] -= 1
+        self.ack_len[ep] -= 1
+        n = self.ack_len[ep]
+        if n == 0:
+            return
+        last = h[n]
+        i = 0
+        while True:
+            child = 2 * i + 1
+            if child >= n:
+                break
+            if child + 1 < n and h[child + 1] < h[child]:
+                child += 1
+            if h[child] >= last:
+                break
+            h[i] = h[child]
+            i = child
+        h[i] = last
+
     cdef int ack_push(self, int32_t ep, int64_t t) except -1:
         cdef int64_t* h
         cdef int64_t i, parent, cap
@@ -1447,41 +1621,31 @@ cdef class Engine:
 
     cdef void collect_acks(self, int32_t ep) noexcept nogil:
         """Acks back by now free their window slots."""
-        cdef int64_t* h = self.ack_heap[ep]
-        cdef int64_t n, i, child, last
-        while self.ack_len[ep] > 0 and h[0] <= self.now:
-            self.ep_outstanding[ep] -= 1
-            self.ack_len[ep] -= 1
-            n = self.ack_len[ep]
-            if n == 0:
-                break
-            last = h[n]
-            i = 0
-            while True:
-                child = 2 * i + 1
-                if child >= n:
-                    break
-                if child + 1 < n and h[child + 1] < h[child]:
-                    child += 1
-                if h[child] >= last:
-                    break
-                h[i] = h[child]
-                i = child
-            h[i] = last
+        while self.ack_len[ep] > 0 and self.ack_heap[ep][0] <= self.now:
+            self.ack_pop(ep)
 
     cdef int inject(self, int32_t ep) except -1:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
         cdef int32_t m, p, first, s, d
-        cdef int64_t payload, idx, tries
+        cdef int64_t payload, idx
         cdef int path, kind
         self.collect_acks(ep)
-        while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
+        while self.ep_qhead[ep] >= 0:
             m = self.ep_qhead[ep]
-            path = self.msg_path[m]
             kind = self.msg_kind[m]
-            payload = self.msg_bytes[m] - self.msg_offset[m]
+            if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
+                # The window is full. On the message-level fabric a write's packet may take the
+                # slot of an ack due within the look-ahead, and leave no earlier than that ack.
+                if (self.lookahead == 0 or kind != MSG_WRITE or self.ack_len[ep] == 0
+                        or self.ack_heap[ep][0] > self.now + self.lookahead):
+                    break
+                if self.ack_heap[ep][0] > self.ep_issue_free[ep]:
+                    self.ep_issue_free[ep] = self.ack_heap[ep][0]
+                self.ack_pop(ep)
+            path = self.msg_path[m]
+            payload = self.msg_bytes[m] - self.msg_seq[m] * self.path_mtu[path]
             if payload > self.path_mtu[path]:
-                payload = self.path_mtu[path]
+                payload = self.path_mtu[path]  # every packet but the last is a full MTU
             p = self.packet_new()
             self.pkts[p].msg = m
             self.pkts[p].payload = <int32_t>payload
@@ -1497,7 +1661,6 @@ cdef class Engine:
             idx = self.choose_path(m, self.msg_seq[m], p)
             self.pkts[p].plane = <uint8_t>(idx % self.P)
             self.pkts[p].uplink = <int32_t>(idx // self.P)
-            self.msg_offset[m] += payload
             self.msg_seq[m] += 1
             if self.msg_seq[m] == self.msg_npkts[m]:
                 self.ep_qhead[ep] = self.msg_qnext[m]
@@ -1514,6 +1677,9 @@ cdef class Engine:
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             self.leg_ends(p, &s, &d)
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
+            if self.lookahead > 0 and kind == MSG_WRITE:
+                self.path_reserve(p, first, self.pkts[p].ready)
+                continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
         if self.ep_qhead[ep] >= 0 and self.ack_len[ep] > 0:
@@ -1579,13 +1745,13 @@ cdef class Engine:
             self.on_sink_done(p)
         return 0
 
-    cdef int64_t ack_trip_ps(self, int32_t p) noexcept nogil:
-        """An ack's trip from the write's destination back to its source, on an idle path."""
-        cdef int32_t m = self.pkts[p].msg, link
+    cdef int64_t ack_trip(self, int32_t m, int plane, int uplink) noexcept nogil:
+        """An ack's trip from write m's destination back to its source, on an idle path."""
+        cdef int32_t link
         cdef int path = self.msg_path[m], hop = 0
         cdef int64_t total = 0, wire = self.wire_bytes(path, PKT_ACK, 0)
         while True:
-            link = self.route_link(path, self.msg_dst[m], self.msg_src[m], self.pkts[p].plane, self.pkts[p].uplink, hop)
+            link = self.route_link(path, self.msg_dst[m], self.msg_src[m], plane, uplink, hop)
             if link < 0:
                 return total
             total += serialisation_ps(wire, self.lk[link].rate) + self.lk[link].lat
@@ -1604,7 +1770,7 @@ cdef class Engine:
                 self.deliver(m, t)
             # The ack's return is computed: its slot frees then (see collect_acks); the message
             # is acknowledged when its last ack is back.
-            t += self.ack_trip_ps(p)
+            t += self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
             self.ack_push(self.msg_src[m], t)
             s = self.msg_src[m]
             if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:

@@ -10,7 +10,7 @@ import heapq
 import numpy as np
 
 from cmemu.errors import DieFailedError, UnroutableError
-from cmemu._core import hbm_sharing, op_message_lists
+from cmemu._core import hbm_sharing, merge_link_series, op_message_lists
 
 from cmemu.lower.fabric import (
     LB_SPRAY,
@@ -92,7 +92,7 @@ class Engine:
         self.msg_hash = L.msg_hash.tolist()
         self.msg_send_op = L.msg_send_op.tolist()
         self.msg_recv_op = L.msg_recv_op.tolist()
-        self.msg_offset = [0] * n_msgs
+        self.msg_dmax = [0] * n_msgs
         self.msg_start = [0] * n_msgs
         self.msg_seq = [0] * n_msgs
         npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
@@ -167,6 +167,12 @@ class Engine:
         self.P, self.U, self.C, self.M, self.N = F.planes, F.uplinks, F.l2_chips, F.l2_mult, F.num_nodes
         self.lb = F.load_balancing
 
+        self.lookahead = int(getattr(F, "message_lookahead_ps", 0))
+        self.cal = [[] for _ in range(n_links)]  # flat (start, end) pairs, sorted and disjoint
+        self.cal_lo = [0] * n_links
+        self.pkt_end = [0] * n_links
+        if self.lookahead > 0 and self.fail_time:
+            raise ValueError("the message-level fabric does not model failures during a run")
         self.bin_ps = int(bin_ps)
         self.cur_bin = [-1] * n_links
         self.cur_bytes = [0] * n_links
@@ -410,10 +416,7 @@ class Engine:
         for link in range(len(self.cur_bin)):
             self.series_flush(link)
             self.cur_bin[link] = -1
-        out = np.asarray(self.series, dtype=np.int64).reshape(-1, 4)
-        out = out[np.lexsort((out[:, 1], out[:, 0]))]
-        return {"bin_ps": self.bin_ps, "link": out[:, 0].astype(np.int32), "bin": out[:, 1].astype(np.int32),
-                "bytes": out[:, 2].copy(), "busy_ps": out[:, 3].copy()}
+        return merge_link_series(self.bin_ps, np.asarray(self.series, dtype=np.int64).reshape(-1, 4))
 
     # -- link arbitration ------------------------------------------------------------------
     def try_transmit(self, link):
@@ -450,7 +453,8 @@ class Engine:
         vl = pk.vl
         self.credits[link * NUM_VLS + vl] -= pk.wire
         ser = serialisation_time_ps(pk.wire, self.link_rate[link])
-        self.busy_until[link] = self.now + ser
+        self.busy_until[link] = max(self.busy_until[link], self.now + ser)
+        self.pkt_end[link] = self.now + ser
         self.count_transmission(link, self.now, ser, pk.wire)
         if self.record_packets:
             self.recs.append((self.now, self.now + ser, pk.msg, pk.seq, link, pk.wire, pk.ptype))
@@ -612,6 +616,75 @@ class Engine:
         self.ep_qtail[ini] = msg
         self.inject(ini)
 
+    def path_reserve(self, p, link, t):
+        pk = self.pkts[p]
+        m = pk.msg
+        s, d = self.msg_src[m], self.msg_dst[m]
+        hop = 0
+        while link >= 0:
+            t = max(t, self.pkt_end[link])
+            ser = serialisation_time_ps(pk.wire, self.link_rate[link])
+            t = self.cal_take(link, t, ser, pk.wire)
+            if self.record_packets:
+                self.recs.append((t - ser, t, m, pk.seq, link, pk.wire, PKT_WRITE))
+            self.busy_until[link] = max(self.busy_until[link], t)
+            self.packets_sent += 1
+            t += self.link_lat[link]
+            hop += 1
+            link = self.route_link(self.msg_path[m], s, d, pk.plane, pk.uplink, hop)
+        rate = self.ep_sink_rate[d]
+        if rate > 0:
+            t = max(t, self.ep_sink_free[d]) + serialisation_time_ps(pk.payload, rate)
+            self.ep_sink_free[d] = t
+        t += self.ep_write_lat[d]
+        self.msg_dmax[m] = max(self.msg_dmax[m], t)
+        self.msg_undelivered[m] -= 1
+        if self.msg_undelivered[m] == 0:
+            self.deliver(m, self.msg_dmax[m])
+        t += self.ack_trip(m, pk.plane, pk.uplink)
+        heapq.heappush(self.ack_heap[s], t)
+        if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
+            self.wake_at(s, t)
+        self.msg_ack_max[m] = max(self.msg_ack_max[m], t)
+        self.packet_release(p)
+        self.msg_unacked[m] -= 1
+        if self.msg_unacked[m] == 0:
+            self.acked(m)
+
+    def cal_gap(self, link, lo, t, need):
+        c = self.cal[link]
+        n = i = len(c) // 2
+        while i > lo and c[2 * i - 1] > t:
+            i -= 1
+        while i < n and c[2 * i] < t + need:
+            t = max(t, c[2 * i + 1])
+            i += 1
+        return i, t
+
+    def cal_take(self, link, t, need, nbytes):
+        """engine.pyx cal_take."""
+        c = self.cal[link]
+        lo, n = self.cal_lo[link], len(c) // 2
+        while lo < n and c[2 * lo + 1] <= self.now:
+            lo += 1
+        if lo > 0 and 2 * lo >= n:
+            del c[:2 * lo]
+            n -= lo
+            lo = 0
+        i, t = self.cal_gap(link, lo, t, need)
+        if i > lo and c[2 * i - 1] == t:
+            c[2 * i - 1] = t + need
+            if i < n and c[2 * i] == t + need:
+                c[2 * i - 1] = c[2 * i + 1]
+                del c[2 * i:2 * i + 2]
+        elif i < n and c[2 * i] == t + need:
+            c[2 * i] = t
+        else:
+            c[2 * i:2 * i] = [t, t + need]
+        self.cal_lo[link] = lo
+        self.count_transmission(link, t, need, nbytes)
+        return t + need
+
     def collect_acks(self, ep):
         h = self.ack_heap[ep]
         while h and h[0] <= self.now:
@@ -620,11 +693,17 @@ class Engine:
 
     def inject(self, ep):
         self.collect_acks(ep)
-        while self.ep_qhead[ep] >= 0 and self.ep_outstanding[ep] < self.ep_max_out[ep]:
+        while self.ep_qhead[ep] >= 0:
             m = self.ep_qhead[ep]
-            path = self.msg_path[m]
             kind = self.msg_kind[m]
-            payload = min(self.msg_bytes[m] - self.msg_offset[m], self.path_mtu[path])
+            h = self.ack_heap[ep]
+            if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
+                if self.lookahead == 0 or kind != MSG_WRITE or not h or h[0] > self.now + self.lookahead:
+                    break
+                self.ep_issue_free[ep] = max(self.ep_issue_free[ep], heapq.heappop(h))
+                self.ep_outstanding[ep] -= 1
+            path = self.msg_path[m]
+            payload = min(self.msg_bytes[m] - self.msg_seq[m] * self.path_mtu[path], self.path_mtu[path])
             p = self.packet_new()
             pk = self.pkts[p]
             pk.msg = m
@@ -639,7 +718,6 @@ class Engine:
             idx = self.choose_path(m, self.msg_seq[m], p)
             pk.plane = idx % self.P
             pk.uplink = idx // self.P
-            self.msg_offset[m] += payload
             self.msg_seq[m] += 1
             if self.msg_seq[m] == self.msg_npkts[m]:
                 self.ep_qhead[ep] = self.msg_qnext[m]
@@ -651,6 +729,9 @@ class Engine:
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             s, d = self.leg_ends(p)
             first = self.route_link(path, s, d, pk.plane, pk.uplink, 0)
+            if self.lookahead > 0 and kind == MSG_WRITE:
+                self.path_reserve(p, first, pk.ready)
+                continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
         if self.ep_qhead[ep] >= 0 and self.ack_heap[ep]:
@@ -704,14 +785,12 @@ class Engine:
         else:
             self.on_sink_done(p)
 
-    def ack_trip_ps(self, p):
-        pk = self.pkts[p]
-        m = pk.msg
+    def ack_trip(self, m, plane, uplink):
         path = self.msg_path[m]
         wire = self.wire_bytes(path, PKT_ACK, 0)
         total, hop = 0, 0
         while True:
-            link = self.route_link(path, self.msg_dst[m], self.msg_src[m], pk.plane, pk.uplink, hop)
+            link = self.route_link(path, self.msg_dst[m], self.msg_src[m], plane, uplink, hop)
             if link < 0:
                 return total
             total += serialisation_time_ps(wire, self.link_rate[link]) + self.link_lat[link]
@@ -728,7 +807,7 @@ class Engine:
             self.msg_undelivered[m] -= 1
             if self.msg_undelivered[m] == 0:
                 self.deliver(m, t)
-            t += self.ack_trip_ps(p)
+            t += self.ack_trip(m, pk.plane, pk.uplink)
             src = self.msg_src[m]
             heapq.heappush(self.ack_heap[src], t)
             if self.ep_qhead[src] >= 0 and self.ep_outstanding[src] >= self.ep_max_out[src]:

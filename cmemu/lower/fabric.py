@@ -97,6 +97,9 @@ class Fabric:
     fail_links: np.ndarray  # int32
     fail_die: np.ndarray  # int32 [F]: the die failure k takes, or -1
     retransmit_timeout_ps: int
+    # The fabric model (see FABRIC_MODELS): the message-level fabric's look-ahead in ps; 0: every
+    # packet is simulated on every link.
+    message_lookahead_ps: int = 0
 
     def wire_bytes(self, path: int, ptype: int, payload: int) -> int:
         """Bytes a packet occupies on a link: payload + header, in whole flits."""
@@ -105,9 +108,25 @@ class Fabric:
         return -(-raw // flit) * flit
 
 
-def build_fabric(topo: Topology, failures=None, schedule=()) -> Fabric:
+# The fabric models a run can use (``cmemu run --fabric``), with their look-ahead in ps.
+# "packet": every packet is simulated on every link (look-ahead 0). "message": a write packet has
+# its whole path reserved when its initiator issues it, each link's idle time at or after the
+# packet is there, without events of its own; an initiator whose window is full issues in one
+# event the packets whose window slots free within the next 1 us. Reads stay packets. 1 us is
+# assumed: a few hundred packet times of a die's seven ports, short beside the tens of us a MoE
+# dispatch takes. See docs/model.md, "Message-level fabric".
+FABRIC_MODELS = {"packet": 0, "message": 1_000_000}
+
+
+def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packet") -> Fabric:
     """The fabric of a topology. ``failures`` (cmemu.faults.Failures) takes parts out of service
-    from the start; ``schedule`` is [(time_ps, Failures)] of failures during the run."""
+    from the start; ``schedule`` is [(time_ps, Failures)] of failures during the run; ``model``
+    is a key of FABRIC_MODELS."""
+    if model not in FABRIC_MODELS:
+        raise ValueError(f"unknown fabric model {model!r}; choose from {', '.join(FABRIC_MODELS)}")
+    if FABRIC_MODELS[model] and schedule:
+        raise ValueError("the message-level fabric does not model failures during a run (a write's whole path "
+                         "is reserved when it starts); use the packet model (--fabric packet)")
     spec = topo.spec
     ub, die = spec.ub, spec.die
     L = topo.num_links
@@ -207,6 +226,7 @@ def build_fabric(topo: Topology, failures=None, schedule=()) -> Fabric:
         link_alive=_alive(L, failures),
         **_schedule(schedule),
         retransmit_timeout_ps=ns_to_ps(ub.retransmit_timeout_ns),
+        message_lookahead_ps=FABRIC_MODELS[model],
     )
 
 

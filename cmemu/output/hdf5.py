@@ -1,4 +1,4 @@
-"""The HDF5 timeline writer, layout version 4 (documented in docs/timeline-format.md).
+"""The HDF5 timeline writer, layout version 5 (documented in docs/timeline-format.md).
 
 Every dataset is one-dimensional (``/dies/busy_ps`` is two), chunked, and compressed as asked
 (gzip with the shuffle filter by default, lzf, or none). Data goes to the file one chunk at a
@@ -110,6 +110,7 @@ def _write(f: h5py.File, r, w: _Writer, detail: str) -> None:
     f.attrs["max_pending_events"] = np.int64(r.max_pending_events)
     f.attrs["engine"] = "native" if r.native else "reference"
     f.attrs["detail"] = detail
+    f.attrs["fabric_model"] = r.fabric_model
     seed = getattr(r, "seed", None)
     if seed is not None:  # only runs that draw random numbers have one
         f.attrs["seed"] = np.int64(seed)

@@ -1,4 +1,4 @@
-"""Reading a timeline: ``cmemu.open_timeline(path)``, for layout versions 1 to 4.
+"""Reading a timeline: ``cmemu.open_timeline(path)``, for layout versions 1 to 5.
 
 Tables come back as pandas DataFrames when pandas is installed, otherwise as numpy structured
 arrays with the same columns. Enum columns (op type, link kind, pipe) come back as their names.

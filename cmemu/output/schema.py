@@ -9,8 +9,8 @@ from __future__ import annotations
 from cmemu.errors import CmemuError
 
 TIMELINE_FORMAT = "cmemu.timeline"
-TIMELINE_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+TIMELINE_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 # Pipes and engines of a die, as Ascend's own tools name them (CUBE, VECTOR, MTE1/2/3, FIXP),
 # plus the two communication engines. /tasks/pipe stores the index into this tuple.

@@ -1,0 +1,193 @@
+"""The message-level fabric (`--fabric message`): by hand, against the packet model, and the
+invariants of its reservations. See docs/model.md, "Message-level fabric"."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from cmemu._core import merge_link_series
+from cmemu.errors import CmemuError
+from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower.comm import MessageTable
+from cmemu.lower.fabric import MSG_READ, build_fabric
+from cmemu.run import run_trace, simulate
+from cmemu.spec import load_system
+from cmemu.topology import build_topology
+
+ONE_PLANE = ["ub.sub_planes=1", "ub.die_ports=1", "ub.cpu_ports=1"]
+
+
+def ser(nbytes, rate=28e9):
+    return math.ceil(nbytes * 1e12 / rate)
+
+
+def writes(topo, pairs, size, after=()):
+    """One COMM_SEND and one COMM_RECV op per (src, dst) pair, each carrying one write; ``after``
+    holds (i, j): pair j's send starts when pair i's send has ended."""
+    table = MessageTable()
+    kinds, rank, op_msg = [], [], []
+    for i, (s, d) in enumerate(pairs):
+        table.add(topo, s, d, size, "ub", send_op=2 * i, recv_op=2 * i + 1)
+        kinds += [OP_KIND_SEND, OP_KIND_RECV]
+        rank += [s, d]
+        op_msg += [i, i]
+    src = [2 * i for i, _ in after]
+    dst = [2 * j for _, j in after]
+    return lowered_from_parts(kinds, [0] * len(kinds), src, dst, table, op_msg=op_msg, rank=rank)
+
+
+def both(topo, lowered, native=True, **kw):
+    packet = simulate(lowered, build_fabric(topo), native=native, **kw)
+    message = simulate(lowered, build_fabric(topo, model="message"), native=native, **kw)
+    return packet, message
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return build_topology(load_system("mini", []))
+
+
+def test_write_by_hand(mini):
+    # One 512 B write, die 0 to die 2 (same node): die 0 -> L1 -> die 2, stored and forwarded,
+    # as on the packet fabric; delivered one HBM write latency after its tail arrives.
+    ub = mini.spec.ub
+    wire, switch = round(ub.link_latency_ns * 1000), round(ub.switch_latency_ns * 1000)
+    e = simulate(writes(mini, [(0, 2)], 512), build_fabric(mini, model="message"))
+    pkt = ub.flit_wire_byte(512 + ub.header_write_byte)
+    arrive = round(ub.initiator_startup_ns * 1000) + 2 * ser(pkt) + wire + (wire + switch)
+    assert int(e.op_end_ps[1]) == arrive + round(203 * 1e6 / 1800)  # 203 cycles at 1.8 GHz
+    assert e.events == 4  # two ops ready and done: the packet itself is no event
+
+
+@pytest.mark.parametrize("size", [40, 4096, 10_000, 60_000])
+@pytest.mark.parametrize("dst", [1, 2, 20])  # its NPU's other die (D2D), same node, other node
+def test_alone_matches_packets(mini, size, dst):
+    # Alone on the fabric, nothing waits: each packet's reserved path is its path on the packet
+    # fabric, to the picosecond, sprayed over the same planes.
+    packet, message = both(mini, writes(mini, [(0, dst)], size))
+    assert np.array_equal(packet.op_end_ps, message.op_end_ps)
+    assert np.array_equal(np.asarray(packet.link_bytes), np.asarray(message.link_bytes))
+    assert message.events < packet.events
+
+
+def test_idle_time_is_used(mini):
+    # One plane. Die 20 (other node) writes to die 2 first, die 0 (same node) right after: the
+    # remote packet has reserved die 2's link for when it gets there, three hops on, but the local
+    # one gets there sooner and goes first, in the idle time before; it is delivered as if alone.
+    topo = build_topology(load_system("mini", ONE_PLANE))
+    L = writes(topo, [(20, 2), (0, 2)], 512)
+    fab = build_fabric(topo, model="message")
+    both_ = simulate(L, fab)
+    alone = simulate(writes(topo, [(0, 2)], 512), fab)
+    assert both_.op_end_ps[3] == alone.op_end_ps[1]
+    remote_alone = simulate(writes(topo, [(20, 2)], 512), fab)
+    assert both_.op_end_ps[1] == remote_alone.op_end_ps[1]
+
+
+def test_reservations_never_overlap(mini):
+    # Heavy incast, 60 KB writes from every die to three dies: every link carries one packet at a
+    # time, each packet leaves a link only after it has arrived there (store and forward), the
+    # same bytes cross the fabric as on the packet model, and the native kernel agrees exactly
+    # with the pure-Python reference.
+    pairs = [(s, d) for s in range(32) for d in (1, 5, 17) if s != d]
+    L = writes(mini, pairs, 60_000)
+    fab = build_fabric(mini, model="message")
+    e = simulate(L, fab, record_packets=True, bin_ps=1_000_000)
+    rec = e.packet_records()
+    order = np.lexsort((rec["start_ps"], rec["link"]))
+    link, start, end = rec["link"][order], rec["start_ps"][order], rec["end_ps"][order]
+    same = link[1:] == link[:-1]
+    assert np.all(start[1:][same] >= end[:-1][same])
+    assert np.all(end - start == [ser(w, r) for w, r in zip(rec["wire_bytes"][order],
+                                                          fab.link_rate_byte_per_s[link])])
+    hop = np.lexsort((rec["start_ps"], rec["seq"], rec["msg"]))  # each packet's links in order
+    m, q, st, en, lk = (rec[k][hop] for k in ("msg", "seq", "start_ps", "end_ps", "link"))
+    nxt = (m[1:] == m[:-1]) & (q[1:] == q[:-1])
+    assert np.all(st[1:][nxt] >= en[:-1][nxt] + fab.link_latency_ps[lk[:-1][nxt]])
+    series = e.link_series()
+    assert np.all(series["busy_ps"] <= series["bin_ps"])
+    packet = simulate(L, build_fabric(mini))
+    assert np.asarray(e.link_bytes).sum() == np.asarray(packet.link_bytes).sum()
+    assert e.packets_sent == packet.packets_sent
+    # The last delivery: bound by the three receivers' links in both models.
+    assert abs(e.op_end_ps[1::2].max() / packet.op_end_ps[1::2].max() - 1) < 0.03
+    ref = simulate(L, fab, native=False, record_packets=True, bin_ps=1_000_000)
+    assert np.array_equal(ref.op_end_ps, e.op_end_ps)
+    assert np.array_equal(np.asarray(ref.link_busy_ps), np.asarray(e.link_busy_ps))
+    assert np.array_equal(np.asarray(ref.msg_delivered_ps), np.asarray(e.msg_delivered_ps))
+    assert all(np.array_equal(ref.packet_records()[k], rec[k]) for k in rec)
+    assert all(np.array_equal(ref.link_series()[k], series[k]) for k in series)
+
+
+def test_window_holds_packets(mini):
+    # A window of 8 packets: 16 writes of 4 packets from one die keep at most 8 in flight, as on
+    # the packet fabric, and take longer than with the default window. The look-ahead lets a
+    # packet take a slot whose ack is due soon, but not leave before that ack.
+    pairs = [(0, d) for d in range(2, 18)]
+    L = writes(mini, pairs, 4 * mini.spec.ub.transport_mtu_byte)
+    small = build_topology(load_system("mini", ["ub.max_outstanding_packets=8"]))
+    packet, message = both(small, L)
+    wide = simulate(L, build_fabric(mini, model="message"))
+    assert message.op_end_ps.max() > 1.5 * wide.op_end_ps.max()
+    assert abs(message.op_end_ps.max() / packet.op_end_ps.max() - 1) < 0.05
+    ref = simulate(L, build_fabric(small, model="message"), native=False)
+    assert np.array_equal(ref.op_end_ps, message.op_end_ps)
+
+
+def test_reads_stay_packets(mini):
+    table = MessageTable()
+    table.add(mini, 2, 0, 5000, "ub", send_op=-1, recv_op=0, kind=MSG_READ)
+    L = lowered_from_parts([OP_KIND_RECV], [0], [], [], table, op_msg=[0], rank=[0])
+    packet, message = both(mini, L)
+    assert np.array_equal(packet.op_end_ps, message.op_end_ps)
+    assert message.events == packet.events
+
+
+def test_merged_link_series():
+    # A link's rows may come back to a bin already written (a packet reserved in an idle stretch
+    # before the last one's bin): rows of one (link, bin) are summed, and sorted.
+    rows = np.array([[1, 3, 100, 50], [0, 2, 10, 5], [1, 3, 20, 7], [1, 1, 1, 1]], dtype=np.int64)
+    out = merge_link_series(1000, rows)
+    assert out["link"].tolist() == [0, 1, 1] and out["bin"].tolist() == [2, 1, 3]
+    assert out["bytes"].tolist() == [10, 1, 120] and out["busy_ps"].tolist() == [5, 1, 57]
+
+
+def _trace_with_timed_failure(tmp_path):
+    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini",
+           "cmemu.faults": [{"fail": "link:0", "at_ns": 100}],
+           "nodes": [{"id": 0, "name": "w", "type": "COMM_SEND", "rank": 0, "stream": 0,
+                      "attrs": {"comm_size": 4096, "comm_dst": 2}},
+                     {"id": 1, "name": "r", "type": "COMM_RECV", "rank": 2, "stream": 0,
+                      "attrs": {"comm_size": 4096, "comm_src": 0}}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_failures_during_a_run_refused(tmp_path):
+    trace = _trace_with_timed_failure(tmp_path)
+    with pytest.raises(CmemuError, match="--fabric packet"):
+        run_trace(trace, fabric_model="message", progress=False)
+    with pytest.raises(CmemuError, match="--fabric must be one of"):
+        run_trace(trace, fabric_model="flow", progress=False)
+    with pytest.raises(ValueError, match="failures during a run"):
+        topo = build_topology(load_system("mini", []))
+        from cmemu.faults import parse_failures
+
+        build_fabric(topo, None, [(100_000, parse_failures(["link:0"], topo))], model="message")
+
+
+def test_decode_step_close_to_packets(tmp_path):
+    # The shipped 2-layer decode step: the same step time within 1%, with far fewer events, and
+    # the timeline says which fabric model ran.
+    import h5py
+
+    trace = "traces/deepseek_r1_decode_mini_2layers.json"
+    packet = run_trace(trace, progress=False)
+    message = run_trace(trace, progress=False, fabric_model="message", output=tmp_path / "m.h5")
+    assert abs(message.sim_end_ps / packet.sim_end_ps - 1) < 0.01
+    assert message.events * 5 < packet.events
+    assert message.fabric_bytes == packet.fabric_bytes
+    with h5py.File(tmp_path / "m.h5") as f:
+        assert f.attrs["fabric_model"] == "message"
