@@ -33,6 +33,7 @@ SCHEMA = "cmemu.trace"
 VERSION = 1
 NODE_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL")
 _NODE_TYPE_SET = frozenset(NODE_TYPES)
+_NODE_TYPE_OWN = {t: t for t in NODE_TYPES}  # the module's own string for each type (see _own)
 # Chakra node types that cmemu knows of but cannot run yet: named in the error, not "unknown".
 _NOT_YET = ()
 # Collectives (COMM_COLL comm_type), with the engines that can run them (the first is the default).
@@ -303,6 +304,26 @@ def _pair_messages(msgs):
     return [(s[1], r[1]) for s, r in matched], lone_sends, lone_recvs
 
 
+def _own(v):
+    """A copy of a scalar of the parsed document, for the loaded trace to keep.
+
+    Python frees a block of small objects only when all of them are gone: one kept int or string
+    of the document (an id, a name, an attribute) holds its whole block, and a trace whose nodes
+    keep such values holds most of the document after it is dropped (900 MB for a 144 MB
+    trace). Ints above 256 (Python shares the small ones), floats and strings are copied; the
+    rest is kept as it is: None and booleans are shared, and 'x-' arrays and objects are rare
+    (the header, parsed first, shares its few blocks with no node).
+    """
+    t = type(v)
+    if t is int:
+        return v + 0
+    if t is float:
+        return v * 1.0  # keeps -0.0
+    if t is str:
+        return (v + " ")[:-1]
+    return v
+
+
 def _kind(v) -> str:
     if v is None:
         return "null"
@@ -443,6 +464,8 @@ _ATTR_CHECKS = {
         "cmemu.seed": _as_size,
     },
 }
+# The module's own string for each known attribute name (see _own).
+_ATTR_KEY = {key: key for checks in _ATTR_CHECKS.values() for key in checks}
 # Checkers of integer attributes and their lower bound, for the fast path of _check_attrs.
 _INT_CHECKS = {_as_size: 0, _as_cores: 1}
 _REQUIRED_ATTRS = {
@@ -514,7 +537,7 @@ def _check(doc, path: str, num_ranks: int, build: bool):
             err(i, f"duplicate id: nodes[{first}] already has id {nid}", nid, "id")
             continue
         index_of[nid] = i
-        ids[i] = nid
+        ids[i] = nid + 0  # the trace's own int, not the document's (see _own)
 
     # Pass 2: fields of each node. Graph data is kept by file index for the cycle check.
     out_nodes = [] if build else None
@@ -532,6 +555,7 @@ def _check(doc, path: str, num_ranks: int, build: bool):
     # one string and one checked attrs dict for each, as the lowering's per-shape costs expect.
     shared_names = {}
     shared_attrs = {}  # (type, raw items, their value types) -> attrs, for attrs without problems
+    own_int = {}.setdefault  # the trace's own copy of each rank and stream (see _own)
     for i, nd in enumerate(nodes_in):
         if type(nd) is not dict:
             continue
@@ -566,7 +590,8 @@ def _check(doc, path: str, num_ranks: int, build: bool):
         elif type(name) is not str or not name:
             err(i, f"{pre}must be a non-empty string, got {_kind(name)}", label, "name")
         elif build:
-            name = shared_names.setdefault(name, name)
+            shared = shared_names.get(name)
+            name = shared_names[name] = _own(name) if shared is None else shared
 
         rank = get("rank")
         if type(rank) is not int or not 0 <= rank < num_ranks:
@@ -676,7 +701,8 @@ def _check(doc, path: str, num_ranks: int, build: bool):
             colls.append((i, rank, attrs))
 
         if build and not found:
-            out_nodes.append(Node(nid, name, ntype, rank, stream, data_deps, ctrl_deps, attrs))
+            out_nodes.append(Node(nid, name, _NODE_TYPE_OWN[ntype], own_int(rank, rank + 0),
+                                  own_int(stream, stream + 0), data_deps, ctrl_deps, attrs))
 
     recv_send = _check_messages(msgs, msg_info, ids, err)
     instances = _check_collectives(colls, groups, ids, err)
@@ -842,7 +868,7 @@ def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
             elif peer == rank:
                 err(i, f"{pre}a message to its own rank {rank}; use MEM_LOAD/MEM_STORE for local "
                     "copies", label, key)
-    return attrs
+    return {_ATTR_KEY.get(k) or _own(k): _own(v) for k, v in attrs.items()}  # see _own
 
 
 def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
