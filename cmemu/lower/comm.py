@@ -17,32 +17,88 @@ _HASH_MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads message numbers 
 
 
 _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")
-# Stored as the engine reads them (26 B a message, not 56: a big lowering holds millions).
+# Stored as the engine reads them (34 B a message with its hash: a big lowering holds millions).
 _DTYPES = {"src": np.int32, "dst": np.int32, "nbytes": np.int64, "kind": np.uint8, "path": np.uint8,
-           "send_op": np.int32, "recv_op": np.int32}
+           "hash": np.int64, "send_op": np.int32, "recv_op": np.int32}
+
+
+class Columns:
+    """Named numpy columns of one length, appended to in batches.
+
+    Each column is one array with room to spare, grown by a quarter when full: ``ndarray.resize``
+    reallocates in place (the C library remaps a big array's pages instead of copying them), so
+    the finished columns are handed over without a copy and without a second set of arrays at
+    any time; ``take`` trims them to their length. Lowering a 61-layer EP320 decode step appends
+    57 million messages this way.
+    """
+
+    def __init__(self, dtypes: dict, defaults: dict | None = None):
+        self._cols = {name: np.zeros(0, dtype=dtype) for name, dtype in dtypes.items()}
+        self._defaults = defaults or {}
+        self.n = 0
+        self._room = 0
+
+    def append(self, count: int, values: dict) -> None:
+        """Append ``count`` rows: each column's value is a scalar or an array of ``count``; a
+        column not given takes its default."""
+        if self._cols is None:
+            raise RuntimeError("these columns were already taken")
+        end = self.n + count
+        if end > self._room:
+            self._room = max(end, self._room + self._room // 4, 1024)
+            for col in self._cols.values():
+                col.resize(self._room, refcheck=False)  # no views of a column are handed out
+        for name, col in self._cols.items():
+            col[self.n:end] = values[name] if name in values else self._defaults[name]
+        self.n = end
+
+    def take(self) -> dict:
+        """The columns, trimmed to their length; the object is empty afterwards."""
+        if self._cols is None:
+            raise RuntimeError("these columns were already taken")
+        cols, self._cols = self._cols, None
+        for col in cols.values():
+            col.resize(self.n, refcheck=False)
+        return cols
 
 
 class MessageTable:
     """Messages in the flat form the engine reads.
 
-    Single messages (``add``) collect in lists, batches (``add_many``) as numpy chunks; both
-    keep their order, and ``arrays()`` joins them once.
+    Single messages (``add``) collect in lists until the next batch (``add_many``) or the end;
+    both keep their order. ``arrays()`` hands the columns over (once).
     """
 
     def __init__(self):
-        self._rows = {c: [] for c in _COLUMNS}  # single messages not yet in a chunk
-        self._chunks = []  # dicts of column arrays, in order
+        self._rows = {c: [] for c in _COLUMNS}  # single messages not yet in the columns
+        self._cols = Columns(_DTYPES)
         self._n = 0
 
     def __len__(self) -> int:
         return self._n
 
+    def _append(self, count: int, cols: dict) -> None:
+        """Append a batch (columns given as arrays or scalars) with each message's hash.
+
+        The hash picks a message's first path (plane, L2 chip) deterministically:
+        (m * _HASH_MULT + src * 7919 + dst * 104729) mod 2**31 for message number m."""
+        src = np.broadcast_to(cols["src"], (count,)).astype(np.uint64)
+        h = np.arange(self._cols.n, self._cols.n + count, dtype=np.uint64)
+        h *= np.uint64(_HASH_MULT)
+        src *= np.uint64(7919)
+        h += src
+        del src
+        dst = np.broadcast_to(cols["dst"], (count,)).astype(np.uint64)
+        dst *= np.uint64(104729)
+        h += dst
+        del dst
+        h %= np.uint64(2**31)
+        self._cols.append(count, {**cols, "hash": h.view(np.int64)})  # below 2**31: the same value
+
     def _flush(self) -> None:
-        if self._chunks is None:
-            raise RuntimeError("this MessageTable's arrays were already taken")
         if self._rows["src"]:
-            self._chunks.append({c: np.asarray(v, dtype=_DTYPES[c]) for c, v in self._rows.items()})
-            self._rows = {c: [] for c in _COLUMNS}
+            rows, self._rows = self._rows, {c: [] for c in _COLUMNS}
+            self._append(len(rows["src"]), {c: np.asarray(v, dtype=_DTYPES[c]) for c, v in rows.items()})
 
     def add(self, topo: Topology, src: int, dst: int, nbytes: int, plane: str, send_op: int, recv_op: int,
             kind: int = MSG_WRITE) -> int:
@@ -70,63 +126,20 @@ class MessageTable:
             raise ValueError("a message from an endpoint to itself")
         dies = topo.num_dies
         if plane in ("rdma", "vpc"):
-            path = np.full(src.shape, PATH_RDMA if plane == "rdma" else PATH_VPC)
+            path = PATH_RDMA if plane == "rdma" else PATH_VPC
         else:
             twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
             path = np.where(twin, PATH_D2D, PATH_UB)
         n = src.size
-        if n < 64:  # a few: as single rows (a chunk of tiny arrays costs more than the rows)
-            cols = (src, dst, np.broadcast_to(nbytes, (n,)), np.full(n, kind), path,
-                    np.broadcast_to(send_op, (n,)), np.broadcast_to(recv_op, (n,)))
-            for c, v in zip(_COLUMNS, cols):
-                self._rows[c].extend(np.asarray(v, dtype=np.int64).tolist())
-            self._n += n
-            return
         self._flush()
-        cols = {"src": src, "dst": dst, "path": path, "nbytes": nbytes, "kind": kind, "send_op": send_op,
-                "recv_op": recv_op}
         # Ids and sizes of ops and endpoints fit int32 (the engine's own types).
-        self._chunks.append({c: np.broadcast_to(np.asarray(v).astype(_DTYPES[c], copy=False), (n,))
-                             for c, v in cols.items()})
+        self._append(n, {"src": src, "dst": dst, "path": path, "nbytes": nbytes, "kind": kind, "send_op": send_op,
+                         "recv_op": recv_op})
         self._n += n
 
-    def _take_column(self, name: str) -> np.ndarray:
-        """Join one column of every chunk into one array, freeing the chunks' copies of it."""
-        out = np.empty(self._n, dtype=_DTYPES[name])
-        at = 0
-        for chunk in self._chunks:
-            part = chunk.pop(name)
-            out[at:at + part.size] = part
-            at += part.size
-        return out
-
     def arrays(self) -> dict:
-        """The messages as the engine's arrays (``Lowered.msg_*``). This empties the table: each
-        column's chunks are freed as soon as the column is joined, so that a lowering of tens of
-        millions of messages peaks near the size of the arrays themselves."""
-        if self._chunks is None:
-            raise RuntimeError("this MessageTable's arrays were already taken")
+        """The messages as the engine's arrays (``Lowered.msg_*``); the table is empty afterwards."""
         self._flush()
-        n = self._n
-        out = {f"msg_{c}": self._take_column(c) for c in ("src", "dst", "nbytes", "kind", "path")}
-        src, dst = out["msg_src"], out["msg_dst"]
-        # A deterministic per-message hash picks the first path (plane, L2 chip) of a message:
-        # (m * _HASH_MULT + src * 7919 + dst * 104729) mod 2**31, a block of messages at a time
-        # (no temporaries the size of the whole table).
-        h = np.empty(n, dtype=np.int64)
-        block = 1 << 20
-        for lo in range(0, n, block):
-            hi = min(n, lo + block)
-            part = np.arange(lo, hi, dtype=np.uint64)
-            part *= np.uint64(_HASH_MULT)
-            part += src[lo:hi].astype(np.uint64) * np.uint64(7919)
-            part += dst[lo:hi].astype(np.uint64) * np.uint64(104729)
-            part %= np.uint64(2**31)
-            h[lo:hi] = part  # below 2**31: the same value
-        out["msg_bytes"] = out.pop("msg_nbytes")
-        out["msg_hash"] = h
-        out["msg_send_op"] = self._take_column("send_op")
-        out["msg_recv_op"] = self._take_column("recv_op")
-        self._chunks = None
-        return {key: out[key] for key in ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path", "msg_hash",
-                                          "msg_send_op", "msg_recv_op")}
+        cols = self._cols.take()
+        return {f"msg_{'bytes' if c == 'nbytes' else c}": cols[c] for c in
+                ("src", "dst", "nbytes", "kind", "path", "hash", "send_op", "recv_op")}
