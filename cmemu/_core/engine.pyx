@@ -137,9 +137,8 @@ cdef struct LinkInfo:
     # Counters.
     int64_t bytes
     int64_t busy
-    int64_t cur_bin
-    int64_t cur_bytes
-    int64_t cur_busy
+    int64_t cur_bin   # the first of its open time bins (count_transmission), -1: none
+    int64_t pad2[2]
     int64_t free_at   # the earliest pending on_link_free (-1: none)
     int64_t pkt_end   # the end of its last packet-level transmission
     int64_t pad1
@@ -186,6 +185,7 @@ cdef enum:
     WHEEL_SIZE = 1 << 14
     WHEEL_MASK = (1 << 14) - 1
     WHEEL_KEEP = 64  # events a drained bucket keeps room for
+    RING = 16  # time bins a link's counters keep open
 
 
 cdef int ev_cmp(const void* a, const void* b) noexcept nogil:
@@ -349,6 +349,7 @@ cdef class Engine:
     # Binned link counters (sparse: one row per link and bin with traffic).
     cdef int64_t bin_ps
     cdef int64_t* series
+    cdef int64_t* ring  # per link, RING open bins of (bytes, busy_ps)
     cdef int64_t series_len, series_cap
     # Per-transmission records (only when asked for: record_packets).
     cdef PacketRecord* recs
@@ -535,8 +536,6 @@ cdef class Engine:
             self.lk[i].bytes = 0
             self.lk[i].busy = 0
             self.lk[i].cur_bin = -1
-            self.lk[i].cur_bytes = 0
-            self.lk[i].cur_busy = 0
 
         self.t_ep_up = F.ep_up
         self.t_ep_down = F.ep_down
@@ -571,6 +570,7 @@ cdef class Engine:
         self.series_len = 0
         self.series_cap = 1024
         self.series = <int64_t*>malloc(self.series_cap * 4 * sizeof(int64_t))
+        self.ring = <int64_t*>calloc(max(n_links, 1) * RING * 2 if bin_ps > 0 else 1, sizeof(int64_t))
         self.record_packets = record_packets
 
         self.pkt_cap = 1024
@@ -589,7 +589,7 @@ cdef class Engine:
         self.act_cap = 1024
         self.act = <Event*>malloc(self.act_cap * sizeof(Event))
         if (self.heap == NULL or self.fifo == NULL or self.pkts == NULL or self.series == NULL
-                or self.wheel == NULL or self.act == NULL):
+                or self.wheel == NULL or self.act == NULL or self.ring == NULL):
             raise MemoryError("engine buffers")
         for i in range(WHEEL_SIZE):
             self.wheel[i].ev = NULL
@@ -642,6 +642,7 @@ cdef class Engine:
         free(self.act)
         free(self.pkts)
         free(self.series)
+        free(self.ring)
         free(self.recs)
         free(self.hrec)
 
@@ -1068,10 +1069,8 @@ cdef class Engine:
         self.lk[link].queued += 1
 
     # -- counters --------------------------------------------------------------------------
-    cdef int series_flush(self, int32_t link) except -1:
+    cdef int series_row(self, int32_t link, int64_t b, int64_t nbytes, int64_t busy) except -1:
         cdef int64_t* grown
-        if self.lk[link].cur_bin < 0:
-            return 0
         if self.series_len == self.series_cap:
             grown = <int64_t*>realloc(self.series, 2 * self.series_cap * 4 * sizeof(int64_t))
             if grown == NULL:
@@ -1079,14 +1078,35 @@ cdef class Engine:
             self.series = grown
             self.series_cap *= 2
         self.series[4 * self.series_len] = link
-        self.series[4 * self.series_len + 1] = self.lk[link].cur_bin
-        self.series[4 * self.series_len + 2] = self.lk[link].cur_bytes
-        self.series[4 * self.series_len + 3] = self.lk[link].cur_busy
+        self.series[4 * self.series_len + 1] = b
+        self.series[4 * self.series_len + 2] = nbytes
+        self.series[4 * self.series_len + 3] = busy
         self.series_len += 1
         return 0
 
+    cdef int series_flush(self, int32_t link, int64_t upto) except -1:
+        """Write out the link's open bins below ``upto`` (all of them: -1)."""
+        cdef int64_t b, slot, base = self.lk[link].cur_bin
+        cdef int64_t* r = self.ring + <int64_t>link * RING * 2
+        if base < 0:
+            return 0
+        for b in range(base, base + RING):
+            if upto >= 0 and b >= upto:
+                break
+            slot = 2 * (b % RING)
+            if r[slot] or r[slot + 1]:
+                self.series_row(link, b, r[slot], r[slot + 1])
+                r[slot] = 0
+                r[slot + 1] = 0
+        self.lk[link].cur_bin = upto
+        return 0
+
     cdef int count_transmission(self, int32_t link, int64_t start, int64_t ser, int64_t nbytes) except -1:
+        """Totals, and the binned counters: the bins a link has open are the RING from cur_bin on
+        (transmissions come in time order on the packet fabric, and close to it on the
+        message-level one); one older than those gets a row of its own (link_series sums rows)."""
         cdef int64_t t = start, end = start + ser, b, seg_end
+        cdef int64_t* r = self.ring + <int64_t>link * RING * 2
         self.lk[link].bytes += nbytes
         self.lk[link].busy += ser
         if self.bin_ps <= 0:
@@ -1096,13 +1116,15 @@ cdef class Engine:
             seg_end = (b + 1) * self.bin_ps
             if seg_end > end:
                 seg_end = end
-            if self.lk[link].cur_bin != b:
-                self.series_flush(link)
+            if self.lk[link].cur_bin < 0:
                 self.lk[link].cur_bin = b
-                self.lk[link].cur_bytes = 0
-                self.lk[link].cur_busy = 0
-            self.lk[link].cur_bytes += nbytes
-            self.lk[link].cur_busy += seg_end - t
+            if b < self.lk[link].cur_bin:
+                self.series_row(link, b, nbytes, seg_end - t)
+            else:
+                if b >= self.lk[link].cur_bin + RING:
+                    self.series_flush(link, b - RING + 1)
+                r[2 * (b % RING)] += nbytes
+                r[2 * (b % RING) + 1] += seg_end - t
             nbytes = 0  # bytes count in the bin where the packet starts
             t = seg_end
             if t >= end:
@@ -1158,8 +1180,7 @@ cdef class Engine:
         """Binned link counters as COO arrays: link, bin, bytes, busy_ps (flushes the bins)."""
         cdef int64_t link
         for link in range(self.n_links):
-            self.series_flush(<int32_t>link)
-            self.lk[link].cur_bin = -1
+            self.series_flush(<int32_t>link, -1)
         out = np.empty((self.series_len, 4), dtype=np.int64)
         cdef int64_t[:, ::1] o = out
         cdef int64_t i, j
