@@ -7,6 +7,7 @@ reach the engine. The mechanisms live in ``compute`` (COMP), ``memory`` (MEM_*),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -157,10 +158,9 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     """
     nodes = trace.nodes
     n = len(nodes)
-    types = [node.type for node in nodes]
     shape_of = {}
-    shape = np.fromiter((shape_of.setdefault(key, len(shape_of))
-                         for key in zip(types, map(id, (node.attrs for node in nodes)))), dtype=np.int64, count=n)
+    shape = np.array([shape_of.setdefault(key, len(shape_of)) for key in
+                      zip(map(attrgetter("type"), nodes), map(id, map(attrgetter("attrs"), nodes)))], dtype=np.int64)
     first = np.unique(shape, return_index=True)[1]  # shapes are numbered in order of first node
     mem_latency = (hbm_latency_ps(die, store=False), hbm_latency_ps(die, store=True))
     table = {c: np.zeros(len(shape_of), dtype=dt) for c, dt in
@@ -186,9 +186,9 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
             table["lat"][s] = mem_latency[node.type == "MEM_STORE"]
         pipes.append(rows)
     cols = {c: col[shape] for c, col in table.items()}
-    cols["rank"] = np.fromiter((node.rank for node in nodes), dtype=np.int32, count=n)
-    cols["stream"] = np.fromiter((node.stream for node in nodes), dtype=np.int32, count=n)
-    cols["node_id"] = np.fromiter((node.id for node in nodes), dtype=np.int64, count=n)
+    cols["rank"] = np.array(list(map(attrgetter("rank"), nodes)), dtype=np.int32)
+    cols["stream"] = np.array(list(map(attrgetter("stream"), nodes)), dtype=np.int32)
+    cols["node_id"] = np.array(list(map(attrgetter("id"), nodes)), dtype=np.int64)
     cols["res"] = np.where(cols["kind"] == OP_KIND_MEM, cols["rank"], -1).astype(np.int32)  # one HBM server per die
     # Pipe-task rows in op order: each op repeats its shape's rows.
     count = np.array([len(r) for r in pipes], dtype=np.int64)[shape]
@@ -198,7 +198,7 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     local = np.arange(ops.size) - np.repeat(np.cumsum(count) - count, count)
     src = np.repeat(start[shape], count) + local
     rows = (ops, flat[src, 0], flat[src, 1])
-    return cols, rows, [node.name for node in nodes]
+    return cols, rows, list(map(attrgetter("name"), nodes))
 
 
 def lower(trace, topo: Topology) -> Lowered:
@@ -209,7 +209,7 @@ def lower(trace, topo: Topology) -> Lowered:
     die = topo.spec.die
     nodes = trace.nodes
     n = len(nodes)
-    index = {node.id: i for i, node in enumerate(nodes)}
+    index = dict(zip(map(attrgetter("id"), nodes), range(n)))
     cols, (pipe_op, pipe_code, pipe_busy), names = _node_columns(trace, die)
 
     b = OpBuilder()
@@ -251,9 +251,10 @@ def _trace_edges(nodes, index, rank, stream) -> tuple[np.ndarray, np.ndarray]:
 
     n = len(nodes)
     parts = []
-    for deps in ([node.data_deps for node in nodes], [node.ctrl_deps for node in nodes]):
-        count = np.fromiter(map(len, deps), dtype=np.int64, count=n)
-        pred = np.fromiter(map(index.__getitem__, chain.from_iterable(deps)), dtype=np.int64, count=int(count.sum()))
+    for kind in ("data_deps", "ctrl_deps"):
+        deps = list(map(attrgetter(kind), nodes))
+        count = np.array(list(map(len, deps)), dtype=np.int64)
+        pred = np.array(list(map(index.__getitem__, chain.from_iterable(deps))), dtype=np.int64)
         parts.append((pred, np.repeat(np.arange(n), count)))
     # Stream order: sort by (rank, stream), stably, and link neighbours of one stream.
     key = rank.astype(np.int64) << 32 | stream.astype(np.int64)
