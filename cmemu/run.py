@@ -190,12 +190,22 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
             if "cmemu.tokens" in a:
                 writes = a["cmemu.tokens"] * a["cmemu.top_k"]
                 size = a.get("cmemu.payload_bytes", 2 * a["cmemu.hidden"])
+                if a.get("cmemu.engine", "aiv") == "aiv":
+                    # A load and a send per AIV batch (_moe_writes_aiv): each of the member's AIVs
+                    # takes as many tokens a batch as half its Unified Buffer holds (BF16, at most).
+                    cores = a.get("cmemu.cores", spec.die.aiv_cores)
+                    per_batch = max(1, chunk // (2 * a["cmemu.hidden"]))
+                    batches = min(writes, cores * -(-writes // (cores * per_batch)))
+                else:
+                    batches = min(writes, g)  # SDMA: a descriptor per destination
+                ops += 2 * batches + 8
+                edges += 3 * batches + 8
             else:
                 pieces = max(1, -(-a.get("comm_size", 0) // chunk))
                 writes = 2 * g * pieces
                 size = min(a.get("comm_size", 0), chunk)
-            ops += 2 * writes + 4 * g
-            edges += 3 * writes + 4 * g
+                ops += 2 * writes + 4 * g
+                edges += 3 * writes + 4 * g
             messages += writes + g
             packets += writes * max(1, -(-size // spec.ub.transport_mtu_byte)) + g
     live = min(packets, topo.num_endpoints * spec.ub.max_outstanding_packets)
@@ -552,6 +562,7 @@ def run_trace(
     if lowered.pipe_task_op.size:
         full.pipe_tasks, full.pipe_intervals = pipe_interval_tasks(full, pipe_intervals)
     result = trace_result(full)
+    del full, lowered, fabric  # the whole lowering: the result keeps its view of the trace's ops
     result.wall_time_s = time.perf_counter() - t0
     if output is not None:
         from cmemu.output.hdf5 import write_timeline

@@ -276,16 +276,14 @@ cdef class Engine:
     cdef const int64_t[::1] msg_hash
     cdef const int32_t[::1] msg_send_op
     cdef const int32_t[::1] msg_recv_op
-    cdef int64_t[::1] msg_dmax        # the latest delivery among its packets so far (message-level)
-    cdef int64_t[::1] msg_start
     cdef int32_t[::1] msg_seq
-    cdef int32_t[::1] msg_undelivered
-    cdef int32_t[::1] msg_unacked
+    cdef int32_t[::1] msg_left        # packets not yet delivered (and, for a write, acknowledged)
     cdef int32_t[::1] msg_qnext
     cdef uint8_t[::1] recv_waiting
-    cdef readonly cnp.ndarray msg_delivered_ps, msg_packets
+    cdef readonly cnp.ndarray msg_delivered_ps
+    # When the message was delivered (its last packet in memory); on the message-level fabric,
+    # the latest of its packets' so far until msg_left is 0.
     cdef int64_t[::1] msg_delivered
-    cdef int32_t[::1] msg_npkts
     # Endpoints.
     cdef const int64_t[::1] ep_startup
     cdef const int64_t[::1] ep_write_lat
@@ -306,7 +304,6 @@ cdef class Engine:
     cdef int64_t* ack_cap
     cdef uint8_t[::1] ep_wake_pending
     cdef int64_t[::1] ep_wake_at
-    cdef int64_t[::1] msg_ack_max
     # Packet format.
     cdef const int64_t[::1] path_mtu
     cdef const int64_t[::1] path_flit
@@ -449,13 +446,8 @@ cdef class Engine:
         self.msg_hash = L.msg_hash
         self.msg_send_op = L.msg_send_op
         self.msg_recv_op = L.msg_recv_op
-        self.msg_dmax = np.zeros(n_msgs, dtype=np.int64)
-        self.msg_start = np.zeros(n_msgs, dtype=np.int64)
         self.msg_seq = np.zeros(n_msgs, dtype=np.int32)
-        self.msg_npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
-        self.msg_packets = np.asarray(self.msg_npkts)
-        self.msg_undelivered = np.asarray(self.msg_npkts).copy()
-        self.msg_unacked = np.asarray(self.msg_npkts).copy()
+        self.msg_left = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
         self.msg_qnext = np.full(n_msgs, -1, dtype=np.int32)
         self.recv_waiting = np.zeros(n_msgs, dtype=np.uint8)
         self.msg_delivered_ps = np.full(n_msgs, -1, dtype=np.int64)
@@ -476,7 +468,6 @@ cdef class Engine:
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
         self.ep_wake_pending = np.zeros(n_eps, dtype=np.uint8)
         self.ep_wake_at = np.zeros(n_eps, dtype=np.int64)
-        self.msg_ack_max = np.zeros(n_msgs, dtype=np.int64)
         self.ack_heap = <int64_t**>malloc(max(n_eps, 1) * sizeof(int64_t*))
         self.ack_len = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
         self.ack_cap = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
@@ -1045,6 +1036,15 @@ cdef class Engine:
                 hop += 1
         return True
 
+    cdef inline int32_t packets_of(self, int32_t m) noexcept nogil:
+        """Packets message m is cut into: at most an MTU each, at least one."""
+        cdef int64_t mtu = self.path_mtu[self.msg_path[m]], n = self.msg_bytes[m]
+        return 1 if n <= mtu else <int32_t>((n + mtu - 1) // mtu)
+
+    @property
+    def msg_packets(self):
+        return np.maximum(1, -(-np.asarray(self.msg_bytes) // np.asarray(self.path_mtu)[np.asarray(self.msg_path)]))
+
     cdef inline void leg_ends(self, int32_t p, int32_t* s, int32_t* d) noexcept nogil:
         """Endpoints of the packet's current leg (a read's request goes the other way)."""
         cdef int32_t m = self.pkts[p].msg
@@ -1338,12 +1338,12 @@ cdef class Engine:
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
                 if self.msg_kind[msg] == MSG_WRITE:
-                    self.message_start(msg, t + self.ep_startup[self.msg_src[msg]])
+                    self.message_start(msg)
         else:  # K_RECV: it waits for every message not yet delivered
             self.op_tmax[op] = t
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
-                if self.msg_delivered[msg] >= 0:
+                if self.msg_left[msg] == 0:
                     if self.msg_delivered[msg] > self.op_tmax[op]:
                         self.op_tmax[op] = self.msg_delivered[msg]
                 else:
@@ -1355,7 +1355,7 @@ cdef class Engine:
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
                 if self.msg_kind[msg] != MSG_WRITE:
-                    self.message_start(msg, t + self.ep_startup[self.msg_dst[msg]])
+                    self.message_start(msg)
         return 0
 
     # -- HBM shared by a die's running ops -------------------------------------------------
@@ -1472,11 +1472,10 @@ cdef class Engine:
                 self.push(self.op_tmax[r], EV_OP_DONE, r)
         return 0
 
-    cdef int message_start(self, int32_t msg, int64_t at) except -1:
-        """A message joins its initiator's queue now; its first packet leaves no earlier than
-        ``at`` (after the initiator's start-up): it waits in its port's queue until then."""
+    cdef int message_start(self, int32_t msg) except -1:
+        """A message joins its initiator's queue now; its first packet leaves no earlier than its
+        op's start plus the initiator's start-up (see inject): it waits in its port's queue."""
         cdef int32_t ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
-        self.msg_start[msg] = at
         self.msg_qnext[msg] = -1
         if self.ep_qtail[ini] < 0:
             self.ep_qhead[ini] = msg
@@ -1519,20 +1518,18 @@ cdef class Engine:
             t += serialisation_ps(self.pkts[p].payload, rate)
             self.ep_sink_free[d] = t
         t += self.ep_write_lat[d]
-        if t > self.msg_dmax[m]:
-            self.msg_dmax[m] = t
-        self.msg_undelivered[m] -= 1
-        if self.msg_undelivered[m] == 0:
-            self.deliver(m, self.msg_dmax[m])
+        if t > self.msg_delivered[m]:
+            self.msg_delivered[m] = t
+        if self.msg_left[m] == 1:
+            self.deliver(m, self.msg_delivered[m])
         t += self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
         self.ack_push(s, t)
         if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
             self.wake_at(s, t)  # its initiator waits for a window slot
-        if t > self.msg_ack_max[m]:
-            self.msg_ack_max[m] = t
+        self.ack_back(m, t)
         self.packet_release(p)
-        self.msg_unacked[m] -= 1
-        if self.msg_unacked[m] == 0:
+        self.msg_left[m] -= 1
+        if self.msg_left[m] == 0:
             self.acked(m)
         return 0
 
@@ -1648,7 +1645,7 @@ cdef class Engine:
     cdef int inject(self, int32_t ep) except -1:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
         cdef int32_t m, p, first, s, d
-        cdef int64_t payload, idx
+        cdef int64_t payload, idx, t
         cdef int path, kind
         self.collect_acks(ep)
         while self.ep_qhead[ep] >= 0:
@@ -1683,7 +1680,7 @@ cdef class Engine:
             self.pkts[p].plane = <uint8_t>(idx % self.P)
             self.pkts[p].uplink = <int32_t>(idx // self.P)
             self.msg_seq[m] += 1
-            if self.msg_seq[m] == self.msg_npkts[m]:
+            if self.msg_seq[m] == self.packets_of(m):
                 self.ep_qhead[ep] = self.msg_qnext[m]
                 if self.ep_qhead[ep] < 0:
                     self.ep_qtail[ep] = -1
@@ -1692,8 +1689,9 @@ cdef class Engine:
             # start; it waits in its port's queue until then.
             if self.ep_issue_free[ep] < self.now:
                 self.ep_issue_free[ep] = self.now
-            if self.ep_issue_free[ep] < self.msg_start[m]:
-                self.ep_issue_free[ep] = self.msg_start[m]
+            t = self.ops[self.msg_send_op[m] if kind == MSG_WRITE else self.msg_recv_op[m]].start + self.ep_startup[ep]
+            if self.ep_issue_free[ep] < t:
+                self.ep_issue_free[ep] = t
             self.pkts[p].ready = self.ep_issue_free[ep]
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             self.leg_ends(p, &s, &d)
@@ -1786,8 +1784,7 @@ cdef class Engine:
         self.try_transmit(link)
         if self.pkts[p].ptype == PKT_WRITE:
             t = self.now + self.ep_write_lat[self.msg_dst[m]]
-            self.msg_undelivered[m] -= 1
-            if self.msg_undelivered[m] == 0:
+            if self.msg_left[m] == 1:
                 self.deliver(m, t)
             # The ack's return is computed: its slot frees then (see collect_acks); the message
             # is acknowledged when its last ack is back.
@@ -1796,11 +1793,10 @@ cdef class Engine:
             s = self.msg_src[m]
             if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
                 self.wake_at(s, t)  # its initiator waits for a window slot
-            if t > self.msg_ack_max[m]:
-                self.msg_ack_max[m] = t
+            self.ack_back(m, t)
             self.packet_release(p)
-            self.msg_unacked[m] -= 1
-            if self.msg_unacked[m] == 0:
+            self.msg_left[m] -= 1
+            if self.msg_left[m] == 0:
                 self.acked(m)
         elif self.pkts[p].ptype == PKT_READ_REQ:
             # A read reads the target's memory; an atomic reads, modifies and writes it.
@@ -1812,8 +1808,8 @@ cdef class Engine:
             d = self.msg_dst[m]
             self.ep_outstanding[d] -= 1
             self.packet_release(p)
-            self.msg_undelivered[m] -= 1
-            if self.msg_undelivered[m] == 0:
+            self.msg_left[m] -= 1
+            if self.msg_left[m] == 0:
                 self.deliver(m, self.now)
             self.inject(d)
         return 0
@@ -1835,15 +1831,19 @@ cdef class Engine:
         self.try_transmit(first)
         return 0
 
+    cdef inline void ack_back(self, int32_t m, int64_t t) noexcept nogil:
+        """An ack of write m will be back at t: its send op ends no earlier."""
+        cdef int32_t op = self.msg_send_op[m]
+        if op >= 0 and self.ops[op].kind == K_SEND and t > self.op_tmax[op]:
+            self.op_tmax[op] = t
+
     cdef int acked(self, int32_t m) except -1:
-        """A write message's last ack will be back at msg_ack_max[m]: its send op ends when the
-        last of its messages is acknowledged. (Its window slots free by themselves: see
-        collect_acks; an initiator with a full window has a wake-up at its first ack.)"""
+        """Write message m's last ack is on its way (ack_back): its send op ends when the last of
+        its messages is acknowledged, at the latest ack. (Its window slots free by themselves:
+        see collect_acks; an initiator with a full window has a wake-up at its first ack.)"""
         cdef int32_t op = self.msg_send_op[m]
         if op < 0 or self.ops[op].kind != K_SEND:
             return 0
-        if self.msg_ack_max[m] > self.op_tmax[op]:
-            self.op_tmax[op] = self.msg_ack_max[m]
         self.op_left[op] -= 1
         if self.op_left[op] == 0:
             self.push(self.op_tmax[op], EV_OP_DONE, op)

@@ -92,13 +92,10 @@ class Engine:
         self.msg_hash = L.msg_hash.tolist()
         self.msg_send_op = L.msg_send_op.tolist()
         self.msg_recv_op = L.msg_recv_op.tolist()
-        self.msg_dmax = [0] * n_msgs
-        self.msg_start = [0] * n_msgs
         self.msg_seq = [0] * n_msgs
         npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
         self.msg_npkts = npkts.tolist()
-        self.msg_undelivered = npkts.tolist()
-        self.msg_unacked = npkts.tolist()
+        self.msg_left = npkts.tolist()
         self.msg_qnext = [-1] * n_msgs
         self.recv_waiting = [False] * n_msgs
         self.msg_delivered = [-1] * n_msgs
@@ -119,7 +116,6 @@ class Engine:
         self.ack_heap = [[] for _ in range(n_eps)]
         self.ep_wake_pending = [False] * n_eps
         self.ep_wake_at = [0] * n_eps
-        self.msg_ack_max = [0] * n_msgs
 
         self.path_mtu = F.path_mtu_byte.tolist()
         self.path_flit = F.path_flit_byte.tolist()
@@ -519,13 +515,13 @@ class Engine:
                 self.push(t, EV_OP_DONE, op)
             for m in msgs:
                 if self.msg_kind[m] == MSG_WRITE:
-                    self.message_start(m, t + self.ep_startup[self.msg_src[m]])
+                    self.message_start(m)
         else:
             msgs = self.op_msgs[op]
             self.op_tmax[op] = t
             left = 0
             for m in msgs:
-                if self.msg_delivered[m] >= 0:
+                if self.msg_left[m] == 0:
                     self.op_tmax[op] = max(self.op_tmax[op], self.msg_delivered[m])
                 else:
                     self.recv_waiting[m] = True
@@ -535,7 +531,7 @@ class Engine:
                 self.push(self.op_tmax[op], EV_OP_DONE, op)
             for m in msgs:
                 if self.msg_kind[m] != MSG_WRITE:
-                    self.message_start(m, t + self.ep_startup[self.msg_dst[m]])
+                    self.message_start(m)
 
     def hbm_advance(self, d):
         dt = self.now - self.hbm_t[d]
@@ -596,18 +592,21 @@ class Engine:
             if self.op_left[r] == 0:
                 self.push(self.op_tmax[r], EV_OP_DONE, r)
 
+    def ack_back(self, m, t):
+        op = self.msg_send_op[m]
+        if op >= 0 and self.op_kind[op] == K_SEND:
+            self.op_tmax[op] = max(self.op_tmax[op], t)
+
     def acked(self, m):
         op = self.msg_send_op[m]
         if op < 0 or self.op_kind[op] != K_SEND:
             return
-        self.op_tmax[op] = max(self.op_tmax[op], self.msg_ack_max[m])
         self.op_left[op] -= 1
         if self.op_left[op] == 0:
             self.push(self.op_tmax[op], EV_OP_DONE, op)
 
-    def message_start(self, msg, at):
+    def message_start(self, msg):
         ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
-        self.msg_start[msg] = at
         self.msg_qnext[msg] = -1
         if self.ep_qtail[ini] < 0:
             self.ep_qhead[ini] = msg
@@ -637,18 +636,17 @@ class Engine:
             t = max(t, self.ep_sink_free[d]) + serialisation_time_ps(pk.payload, rate)
             self.ep_sink_free[d] = t
         t += self.ep_write_lat[d]
-        self.msg_dmax[m] = max(self.msg_dmax[m], t)
-        self.msg_undelivered[m] -= 1
-        if self.msg_undelivered[m] == 0:
-            self.deliver(m, self.msg_dmax[m])
+        self.msg_delivered[m] = max(self.msg_delivered[m], t)
+        if self.msg_left[m] == 1:
+            self.deliver(m, self.msg_delivered[m])
         t += self.ack_trip(m, pk.plane, pk.uplink)
         heapq.heappush(self.ack_heap[s], t)
         if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
             self.wake_at(s, t)
-        self.msg_ack_max[m] = max(self.msg_ack_max[m], t)
+        self.ack_back(m, t)
         self.packet_release(p)
-        self.msg_unacked[m] -= 1
-        if self.msg_unacked[m] == 0:
+        self.msg_left[m] -= 1
+        if self.msg_left[m] == 0:
             self.acked(m)
 
     def cal_gap(self, link, lo, t, need):
@@ -724,7 +722,8 @@ class Engine:
                 if self.ep_qhead[ep] < 0:
                     self.ep_qtail[ep] = -1
             self.ep_outstanding[ep] += 1
-            self.ep_issue_free[ep] = max(self.ep_issue_free[ep], self.now, self.msg_start[m])
+            op = self.msg_send_op[m] if kind == MSG_WRITE else self.msg_recv_op[m]
+            self.ep_issue_free[ep] = max(self.ep_issue_free[ep], self.now, self.op_start[op] + self.ep_startup[ep])
             pk.ready = self.ep_issue_free[ep]
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             s, d = self.leg_ends(p)
@@ -804,18 +803,17 @@ class Engine:
         self.try_transmit(link)
         if pk.ptype == PKT_WRITE:
             t = self.now + self.ep_write_lat[self.msg_dst[m]]
-            self.msg_undelivered[m] -= 1
-            if self.msg_undelivered[m] == 0:
+            if self.msg_left[m] == 1:
                 self.deliver(m, t)
             t += self.ack_trip(m, pk.plane, pk.uplink)
             src = self.msg_src[m]
             heapq.heappush(self.ack_heap[src], t)
             if self.ep_qhead[src] >= 0 and self.ep_outstanding[src] >= self.ep_max_out[src]:
                 self.wake_at(src, t)
-            self.msg_ack_max[m] = max(self.msg_ack_max[m], t)
+            self.ack_back(m, t)
             self.packet_release(p)
-            self.msg_unacked[m] -= 1
-            if self.msg_unacked[m] == 0:
+            self.msg_left[m] -= 1
+            if self.msg_left[m] == 0:
                 self.acked(m)
         elif pk.ptype == PKT_READ_REQ:
             t = self.now + self.ep_read_lat[self.msg_src[m]]
@@ -826,8 +824,8 @@ class Engine:
             d = self.msg_dst[m]
             self.ep_outstanding[d] -= 1
             self.packet_release(p)
-            self.msg_undelivered[m] -= 1
-            if self.msg_undelivered[m] == 0:
+            self.msg_left[m] -= 1
+            if self.msg_left[m] == 0:
                 self.deliver(m, self.now)
             self.inject(d)
 
