@@ -35,7 +35,7 @@ packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_wake``.
 """
 cimport cython
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
-from libc.string cimport memmove
+from libc.string cimport memmove, memset
 from libc.stdint cimport int64_t, int32_t, uint8_t, uint64_t
 
 import numpy as np
@@ -134,14 +134,19 @@ cdef struct LinkInfo:
     uint8_t alive
     uint8_t own_queue  # its far end keeps a queue per input link (fabric.link_own_queue)
     uint8_t pad0[6]
-    # Counters.
+    # Counters, and what the message-level fabric reads.
     int64_t bytes
     int64_t busy
     int64_t cur_bin   # the first of its open time bins (count_transmission), -1: none
-    int64_t pad2[2]
     int64_t free_at   # the earliest pending on_link_free (-1: none)
     int64_t pkt_end   # the end of its last packet-level transmission
-    int64_t pad1
+    # The busy intervals message-level packets reserved: (start, end) pairs, sorted and disjoint,
+    # cal[2 * cal_lo: 2 * cal_n] (see cal_take); cal_cap int64s allocated.
+    int64_t* cal
+    int32_t cal_lo
+    int32_t cal_n
+    int32_t cal_cap
+    int32_t pad1
 
 
 cdef struct Packet:
@@ -356,12 +361,6 @@ cdef class Engine:
     # (path_reserve); an initiator with a full window issues in one event the packets whose slots
     # free within ``lookahead`` ps (inject). 0: packet level.
     cdef int64_t lookahead
-    # Per link, the busy intervals message-level packets reserved (start, end pairs, sorted, disjoint):
-    # cal[link][2 * cal_lo[link]: 2 * cal_n[link]] (see cal_take).
-    cdef int64_t** cal
-    cdef int64_t* cal_lo
-    cdef int64_t* cal_n
-    cdef int64_t* cal_cap
 
     def __cinit__(self):
         self.lk = NULL
@@ -502,6 +501,7 @@ cdef class Engine:
         if posix_memalign(&lmem, 64, max(n_links, 1) * sizeof(LinkInfo)) != 0:
             raise MemoryError("link table")
         self.lk = <LinkInfo*>lmem
+        memset(lmem, 0, max(n_links, 1) * sizeof(LinkInfo))
         cdef const int64_t[::1] rate = F.link_rate_byte_per_s
         cdef const int64_t[::1] lat = F.link_latency_ps
         cdef const int32_t[::1] in_slot = F.link_in_slot
@@ -522,6 +522,10 @@ cdef class Engine:
             self.lk[i].voq_slots = vslots[i]
             self.lk[i].free_at = -1
             self.lk[i].pkt_end = 0
+            self.lk[i].cal = NULL
+            self.lk[i].cal_lo = 0
+            self.lk[i].cal_n = 0
+            self.lk[i].cal_cap = 0
             self.lk[i].alive = alive[i]
             self.lk[i].own_queue = own_queue[i]
             self.lk[i].bytes = 0
@@ -549,12 +553,7 @@ cdef class Engine:
         self.lb = F.load_balancing
 
         self.lookahead = getattr(F, "message_lookahead_ps", 0)
-        self.cal = <int64_t**>calloc(max(n_links, 1), sizeof(int64_t*))
-        self.cal_lo = <int64_t*>calloc(max(n_links, 1), sizeof(int64_t))
-        self.cal_n = <int64_t*>calloc(max(n_links, 1), sizeof(int64_t))
-        self.cal_cap = <int64_t*>calloc(max(n_links, 1), sizeof(int64_t))
-        if self.cal == NULL or self.cal_lo == NULL or self.cal_n == NULL or self.cal_cap == NULL:
-            raise MemoryError("link calendars")
+
         if self.lookahead > 0 and F.fail_time_ps.shape[0] > 0:
             raise ValueError("the message-level fabric does not model failures during a run")
         self.bin_ps = bin_ps
@@ -615,13 +614,9 @@ cdef class Engine:
             free(self.ack_heap)
         free(self.ack_len)
         free(self.ack_cap)
-        if self.cal != NULL:
+        if self.lk != NULL:
             for i in range(self.n_links):
-                free(self.cal[i])
-            free(self.cal)
-        free(self.cal_lo)
-        free(self.cal_n)
-        free(self.cal_cap)
+                free(self.lk[i].cal)
         free(self.ops)
         free(self.lk)
         free(self.heap)
@@ -1536,7 +1531,7 @@ cdef class Engine:
     cdef inline int64_t cal_gap(self, int32_t link, int64_t lo, int64_t n, int64_t* t, int64_t need) noexcept nogil:
         """The first idle stretch of the link at or after *t that holds ``need`` ps: moves *t to
         its start and returns the interval it ends at (n: none)."""
-        cdef int64_t* c = self.cal[link]
+        cdef int64_t* c = self.lk[link].cal
         cdef int64_t i = lo, hi = n, mid
         while i < hi:  # the first interval that ends after t
             mid = (i + hi) >> 1
@@ -1556,8 +1551,8 @@ cdef class Engine:
         the intervals reserved before may be used, so the link is not left idle while a packet
         that has arrived waits behind one reserved earlier for a later time. Returns when the
         packet's tail has left; the link's counters get its bytes and busy time."""
-        cdef int64_t* c = self.cal[link]
-        cdef int64_t lo = self.cal_lo[link], n = self.cal_n[link], i, j
+        cdef int64_t* c = self.lk[link].cal
+        cdef int64_t lo = self.lk[link].cal_lo, n = self.lk[link].cal_n, i, j
         cdef int64_t* grown
         while lo < n and c[2 * lo + 1] <= self.now:  # past intervals are of no more use
             lo += 1
@@ -1576,19 +1571,19 @@ cdef class Engine:
         elif i < n and c[2 * i] == t + need:
             c[2 * i] = t
         else:
-            if n * 2 + 2 > self.cal_cap[link]:
-                self.cal_cap[link] = 16 if self.cal_cap[link] == 0 else 2 * self.cal_cap[link]
-                grown = <int64_t*>realloc(c, self.cal_cap[link] * sizeof(int64_t))
+            if n * 2 + 2 > self.lk[link].cal_cap:
+                self.lk[link].cal_cap = 16 if self.lk[link].cal_cap == 0 else 2 * self.lk[link].cal_cap
+                grown = <int64_t*>realloc(c, self.lk[link].cal_cap * sizeof(int64_t))
                 if grown == NULL:
                     raise MemoryError("link calendar")
                 c = grown
-                self.cal[link] = c
+                self.lk[link].cal = c
             memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
             c[2 * i] = t
             c[2 * i + 1] = t + need
             n += 1
-        self.cal_lo[link] = lo
-        self.cal_n[link] = n
+        self.lk[link].cal_lo = <int32_t>lo
+        self.lk[link].cal_n = <int32_t>n
         self.count_transmission(link, t, need, nbytes)
         return t + need
 
