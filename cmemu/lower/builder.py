@@ -93,6 +93,8 @@ class OpBuilder:
             free = msg < 0  # before this pass
             for lo in range(0, ops.size, block):
                 part = ops[lo:lo + block]
+                if part.max() < 0:
+                    continue  # no op carries these (a collective's writes have no receive op)
                 has = (part >= 0) & (part < n)
                 has[has] = free[part[has]]
                 at = np.flatnonzero(has)

@@ -385,15 +385,16 @@ def _moe_writes_aiv(ctx, starts, dst_of_pair, counts, payload, quantise):
     load_op = base[load_member] + np.arange(sizes.size) - load_first[load_member]
     send_first = np.cumsum(sends_of_n) - sends_of_n
     send_op = (base + loads_of)[send_member] + np.arange(send_batch.size) - send_first[send_member]
-    cost = {}
-    for k in np.unique(sizes).tolist():
+    distinct, which = np.unique(sizes, return_inverse=True)
+    cost = []  # of a load of k pairs, for each distinct k
+    for k in distinct.tolist():
         if k == 0:
-            cost[k] = 0
+            cost.append(0)
         elif quantise:
-            cost[k] = ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": k, "cmemu.cols": quantise,
-                                     "cmemu.cores": 1})
+            cost.append(ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": k, "cmemu.cols": quantise,
+                                       "cmemu.cores": 1}))
         else:
-            cost[k] = ctx.stream_ps(k * payload, 1)
+            cost.append(ctx.stream_ps(k * payload, 1))
     total = sizes.size + send_batch.size
     loads_at, sends_at = load_op - b.n, send_op - b.n
     cols = {"kind": np.full(total, OP_SEND, dtype=np.uint8), "dur": np.zeros(total, dtype=np.int64),
@@ -401,7 +402,7 @@ def _moe_writes_aiv(ctx, starts, dst_of_pair, counts, payload, quantise):
             "aiv": np.zeros(total, dtype=np.int32), "rank": np.empty(total, dtype=np.int64),
             "parent": np.empty(total, dtype=np.int64)}
     cols["kind"][loads_at] = OP_COMP
-    cols["dur"][loads_at] = np.array([cost[k] for k in sizes.tolist()], dtype=np.int64)
+    cols["dur"][loads_at] = np.array(cost, dtype=np.int64)[which]
     cols["nbytes"][loads_at] = cols["hbm"][loads_at] = sizes * in_byte
     cols["aiv"][loads_at] = 1
     pairs_per_send = np.bincount(batch[remote], minlength=sizes.size)[send_batch]

@@ -24,7 +24,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
+from itertools import chain
 from pathlib import Path
+
+import numpy as np
 
 from cmemu.errors import TraceError
 from cmemu.units import ns_to_ps  # noqa: F401 (re-exported)
@@ -532,11 +535,12 @@ def _check(doc, path: str, num_ranks: int, build: bool):
         if type(nd) is not dict:
             err(i, f"nodes[{i}] must be an object, got {_kind(nd)}")
             continue
-        raw = nd.get("id")
-        nid, msg = _as_int(raw, 0) if "id" in nd else (None, "missing: every node needs an id")
-        if msg:
-            err(i, f"nodes[{i}]: {msg}", fld="id")
-            continue
+        nid = nd.get("id")
+        if type(nid) is not int or not 0 <= nid <= MAX_INT:
+            nid, msg = _as_int(nid, 0) if "id" in nd else (None, "missing: every node needs an id")
+            if msg:
+                err(i, f"nodes[{i}]: {msg}", fld="id")
+                continue
         labels[i] = nid
         first = index_of.get(nid)
         if first is not None:
@@ -619,7 +623,15 @@ def _check(doc, path: str, num_ranks: int, build: bool):
 
         data_deps = get("data_deps", no_deps)
         ctrl_deps = get("ctrl_deps", no_deps)
-        if data_deps or ctrl_deps:
+        if (ctrl_deps is no_deps and type(data_deps) is list and len(data_deps) == 1
+                and type(data_deps[0]) is int and index_of.get(data_deps[0], i) != i):
+            # The common case, one dependency on another node, without the loop below.
+            j = index_of[data_deps[0]]
+            forward = forward or j > i
+            if nid is not None:
+                data_idx[i] = [j]
+            data_deps = (ids[j],)
+        elif data_deps or ctrl_deps:
             deps_out = []
             for fld, raw, idx_list in (("data_deps", data_deps, data_idx),
                                        ("ctrl_deps", ctrl_deps, ctrl_idx)):
@@ -925,6 +937,23 @@ def _check_messages(msgs, msg_info, ids, err) -> dict[int, int]:
     return recv_send
 
 
+def _members_lead_forward(instances, data_idx, ctrl_idx, stream_pred) -> bool:
+    """Whether every edge from a collective's member (data, control, stream; messages never
+    leave one) goes to a node after the collective's last member."""
+    n = len(data_idx)
+    place = np.arange(n)  # where each node stands in the order: a member at its last member
+    for inst in instances:
+        place[inst] = max(inst)
+    for lists in (data_idx, ctrl_idx):
+        lists = [idx or () for idx in lists]
+        count = np.array(list(map(len, lists)), dtype=np.int64)
+        pred = np.array(list(chain.from_iterable(lists)), dtype=np.int64)
+        if not np.all(np.repeat(np.arange(n), count) > place[pred]):
+            return False
+    succ = [i for i, p in enumerate(stream_pred) if p is not None]
+    return bool(np.all(np.array(succ, dtype=np.int64) > place[[stream_pred[i] for i in succ]]))
+
+
 def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err, instances=()) -> None:
     """Find a cycle over data_deps, ctrl_deps, stream order and messages (Kahn, no recursion).
 
@@ -943,8 +972,12 @@ def _check_cycles(ids, data_idx, ctrl_idx, stream_of, recv_send, forward, err, i
         if key is not None:
             stream_pred[i] = last.get(key)
             last[key] = i
-    if not forward and not instances and all(s < r for r, s in recv_send.items()):
-        return  # every edge points back in the file: the file order is a topological order
+    if not forward and all(s < r for r, s in recv_send.items()):
+        # Every edge points back in the file: the file order is a topological order. With
+        # collectives, each counts as one node placed at its last member: the order stays
+        # topological if no edge leaves a member for a node at or before that place.
+        if not instances or _members_lead_forward(instances, data_idx, ctrl_idx, stream_pred):
+            return
 
     def preds(i):
         """(predecessor index, field of the edge) of node i."""
