@@ -31,27 +31,40 @@ def op_message_lists(lowered):
 
     kind = lowered.op_kind
     n = int(kind.shape[0])
-    m = np.arange(lowered.msg_send_op.shape[0], dtype=np.int64)
+    m = np.arange(lowered.msg_send_op.shape[0], dtype=np.int32)
     owners, ids = [], []
     for ops, want in ((lowered.msg_send_op, OP_KIND_SEND), (lowered.msg_recv_op, OP_KIND_RECV)):
-        ops = ops.astype(np.int64)
         has = ops >= 0
-        has[has] = kind[ops[has]] == want
-        owners.append(ops[has])
-        ids.append(m[has])
-    owner = np.concatenate(owners)
-    idx = np.concatenate(ids)
-    # An op is a SEND or a RECV, so its messages all come from one of the two parts, in id
-    # order: a stable sort by op keeps them so.
-    order = np.argsort(owner, kind="stable")
+        if has.all():
+            has = kind[ops] == want
+        else:
+            has[has] = kind[ops[has]] == want
+        if has.all():
+            owners.append(ops)
+            ids.append(m)
+        else:
+            owners.append(ops[has])
+            ids.append(m[has])
     ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
+    np.cumsum(np.bincount(owners[0], minlength=n) + np.bincount(owners[1], minlength=n), out=ptr[1:])
+    # An op is a SEND or a RECV, so its messages all come from one of the two parts, in id
+    # order. Each part, sorted by op (stably; the lowering makes the send part sorted already),
+    # goes to its ops' slots.
+    idx = np.empty(int(ptr[-1]), dtype=np.int32)
+    for owner, ids_of in zip(owners, ids):
+        if owner.size > 1 and np.any(owner[1:] < owner[:-1]):
+            order = np.argsort(owner, kind="stable")
+            owner, ids_of = owner[order], ids_of[order]
+        first = np.ones(owner.size, dtype=bool)
+        first[1:] = owner[1:] != owner[:-1]
+        run_start = np.maximum.accumulate(np.where(first, np.arange(owner.size), 0))
+        idx[ptr[owner] + (np.arange(owner.size) - run_start)] = ids_of
     carried = lowered.op_msg >= 0
     bad = carried & (ptr[1:] == ptr[:-1]) & ((kind == OP_KIND_SEND) | (kind == OP_KIND_RECV))
     if np.any(bad):
         bad = int(np.flatnonzero(bad)[0])
         raise ValueError(f"op {bad} names message {int(lowered.op_msg[bad])}, whose send/recv op is not it")
-    return ptr, idx[order].astype(np.int32)
+    return ptr, idx
 
 
 def hbm_sharing(lowered):
