@@ -46,13 +46,14 @@ COMP_BYTES = 400  # a COMP the die model times: its pipe-occupancy rows (up to 7
 # 33 B per /tasks row, and the arrays they are built from and concatenated with.
 PIPE_ROW_BYTES = 100
 EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
-MESSAGE_BYTES = 800  # lowered and engine per-message arrays, the lists they are built from
+MESSAGE_BYTES = 200  # lowered (26 B) and engine (25 B) per-message arrays, the columns they are built from
 LINK_BYTES = 200  # topology, fabric and engine per-link arrays, VOQ heads and tails
 PACKET_BYTES = 48  # one live packet in the engine's pool
 TRAFFIC_BYTES = 4  # per packet: the binned link counters, which grow with the traffic
 EVENT_BYTES = 32  # one pending event in the native heap or FIFO (time, seq, kind, two ids)
 # The pure-Python reference holds the same state in lists of Python ints and tuples.
 REFERENCE_FACTOR = 3
+REFERENCE_PACKET_BYTES = 600  # a live packet there is a Python object with a dozen int fields
 # --detail packets keeps a record of every packet's transmission on every link. Before the run
 # they are counted as packets x PACKET_RECORD_LINKS (a UB packet between nodes crosses die -> L1
 # -> L2 -> L1 -> die; within a node two links, so this is an upper bound for writes; a read's
@@ -152,12 +153,25 @@ def _pipes_of(op) -> int:
     return 6 if op.startswith("mla") else 3
 
 
+def _intervals_of(die, attrs: dict, pipe_intervals: int) -> int:
+    """Busy intervals a COMP op can have per pipe in /tasks: at most ``pipe_intervals``; a generic
+    op (no ``cmemu.op``) streams its bytes in chunks of half a core's buffer (die/kernels.py,
+    generic_cost), one interval per pipe each at most."""
+    if "cmemu.op" in attrs:
+        return int(pipe_intervals)
+    aic = attrs.get("cmemu.unit", "aic") == "aic"
+    cores = max(1, int(attrs.get("cmemu.cores", die.aic_cores if aic else die.aiv_cores)))
+    half = ((die.l1_buffer_kib if aic else die.ub_buffer_kib) << 10) // 2
+    chunks = max(1, -(-(-(-int(attrs.get("tensor_size", 0)) // cores)) // half))
+    return min(int(pipe_intervals), chunks)
+
+
 def estimate_memory(trace, topo: Topology, native: bool = True,
                     pipe_intervals: int = DEFAULT_PIPE_INTERVALS, detail: str = "tasks") -> MemoryEstimate:
     """Peak memory of replaying a loaded trace, from its counts of ops, dependencies and messages.
 
     Packets do not scale it: the engine makes them as it injects them, and each endpoint has at
-    most ``ub.max_outstanding_packets`` in flight. Every op, message, link, endpoint and packet
+    most ``ub.max_outstanding_packets`` in flight. Every op, link, endpoint and packet
     in flight can have one event pending at once, and the queue's storage grows by doubling.
     The binned link counters grow with the traffic and the simulated time: a few bytes per
     packet stand for them. With ``detail="packets"`` the engine also keeps a record of every
@@ -180,7 +194,7 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
         elif node.type == "COMP":
             comps += 1
             if "cmemu.duration_ns" not in node.attrs:
-                pipe_slots += _pipes_of(node.attrs.get("cmemu.op"))
+                pipe_slots += _pipes_of(node.attrs.get("cmemu.op")) * _intervals_of(spec.die, node.attrs, pipe_intervals)
         elif node.type == "COMM_COLL":
             # A member's internal ops and messages (cmemu/lower/collectives.py): per (token,
             # expert) pair a load share and a write for MoE, per destination its pieces otherwise,
@@ -209,13 +223,14 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
             messages += writes + g
             packets += writes * max(1, -(-size // spec.ub.transport_mtu_byte)) + g
     live = min(packets, topo.num_endpoints * spec.ub.max_outstanding_packets)
-    pipe_rows = min(pipe_slots * int(pipe_intervals), MAX_PIPE_TASK_ROWS)
+    pipe_rows = min(pipe_slots, MAX_PIPE_TASK_ROWS)
     arrays = (ops * OP_BYTES + comps * COMP_BYTES + pipe_rows * PIPE_ROW_BYTES + edges * EDGE_BYTES
               + messages * MESSAGE_BYTES
               + topo.num_links * LINK_BYTES + 2 * live * PACKET_BYTES + packets * TRAFFIC_BYTES)
-    queue = 2 * (ops + messages + live + topo.num_links + topo.num_endpoints) * EVENT_BYTES
+    # A message has no event of its own (its start, delivery and ack are not events).
+    queue = 2 * (ops + live + topo.num_links + topo.num_endpoints) * EVENT_BYTES
     if not native:
-        arrays *= REFERENCE_FACTOR
+        arrays = arrays * REFERENCE_FACTOR + live * REFERENCE_PACKET_BYTES
         queue *= REFERENCE_FACTOR
     records = packets * PACKET_RECORD_LINKS if detail == "packets" else 0
     records_bytes = records * PACKET_RECORD_BYTES * (1 if native else REFERENCE_FACTOR)
