@@ -270,15 +270,16 @@ def check_clock_range(lowered: Lowered, fabric) -> None:
     L, F = lowered, fabric
     total = float(L.op_dur_ps.sum(dtype=np.float64)) + float(L.op_lat_ps.sum(dtype=np.float64))
     if L.num_messages:
-        mtu = F.path_mtu_byte[L.msg_path].astype(np.float64)
-        packets = np.maximum(1.0, np.ceil(L.msg_bytes / mtu))
-        wire = L.msg_bytes + packets * float(F.path_header_byte.max() + F.path_flit_byte.max())
+        # Packets: at most one more per message than its bytes over the smallest MTU.
+        payload = float(L.msg_bytes.sum(dtype=np.float64))
+        packets = payload / float(F.path_mtu_byte.min()) + L.num_messages
+        wire = payload + packets * float(F.path_header_byte.max() + F.path_flit_byte.max())
         hops = 2 * 4  # a read's request and response, at most four links each
         slowest = float(F.link_rate_byte_per_s.min())
-        total += hops * float(wire.sum()) * 1e12 / slowest
+        total += hops * wire * 1e12 / slowest
         per_packet = hops * float(F.link_latency_ps.max()) + float(F.ep_issue_ps.max())
         per_packet += float(F.ep_write_latency_ps.max() + F.ep_read_latency_ps.max())
-        total += float(packets.sum()) * per_packet + L.num_messages * float(F.ep_startup_ps.max())
+        total += packets * per_packet + L.num_messages * float(F.ep_startup_ps.max())
     if total > CLOCK_LIMIT_PS:
         raise SimulationError(
             f"the trace's ops and transfers add up to {total / 86400e12:,.0f} days of simulated "
