@@ -252,8 +252,9 @@ def _aiv_chains(ctx, start, work):
         ctx.b.edges(work[:-a], work[a:])
 
 
-def _flags_and_poll(ctx, entries, sends_of, lane):
-    """Fence each member's writes, write a flag to every other member, and poll for theirs.
+def _flags_and_poll(ctx, entries, sends, count, lane):
+    """Fence each member's writes (``sends``, member after member, ``count[m]`` of member m's),
+    write a flag to every other member, and poll for theirs.
 
     Returns, per member, the op that ends when it has seen every other member's flag and its
     own writes and flags are acknowledged."""
@@ -262,7 +263,7 @@ def _flags_and_poll(ctx, entries, sends_of, lane):
     ranks, parents = ctx.ranks, np.asarray(ctx.ops)
     entries = np.asarray(entries)
     fences = b.ops(members, kind=OP_COMP, rank=ranks, parent=parents, lane=lane)
-    b.edges(np.concatenate(sends_of), np.repeat(fences, [len(sends) for sends in sends_of]))
+    b.edges(sends, np.repeat(fences, count))
     b.edges(entries, fences)
     # One send op per member writes its flag to every other member (it ends when all are
     # acknowledged); one receive op per member waits for the flags of all the others.
@@ -289,7 +290,8 @@ def _exchange(ctx, starts, nbytes, after_ps=0, after_aiv=0):
         order = [(m + k) % members for k in range(1, members)]
         dst = np.array([d for d in order if nbytes[m, d] > 0], dtype=np.int64)
         sends_of.append(_issue(ctx, m, starts[m], dst, nbytes[m, dst]))
-    seen = _flags_and_poll(ctx, starts, sends_of, SDMA if ctx.engine == "sdma" else AIV)
+    seen = _flags_and_poll(ctx, starts, np.concatenate(sends_of), [len(s) for s in sends_of],
+                           SDMA if ctx.engine == "sdma" else AIV)
     if not after_ps:
         return seen
     done = ctx.b.ops(members, kind=OP_COMP, dur=after_ps, rank=ctx.ranks, parent=ctx.ops, lane=VECTOR, nbytes=0,
@@ -317,22 +319,24 @@ def _moe(ctx, entries, combine: bool):
     else:
         # The expert's member writes each pair's output back to the token's source.
         flat = routing.ravel()
-        by_holder = np.argsort(flat, kind="stable")  # pairs grouped by the member holding them
+        by_holder = _stable_order(flat)  # pairs grouped by the member holding them
         holder = flat[by_holder]
         src_of_pair = by_holder // (tokens * top_k)  # in source order within a holder
         # Each holder starts with the next member's pairs, as for every staggered exchange: in
         # source order every expert would first write to member 0 at once (an incast).
-        dst = src_of_pair[np.lexsort(((src_of_pair - holder) % members, holder))]
+        staggered = _stable_order((src_of_pair - holder) % members)
+        dst = src_of_pair[staggered[_stable_order(holder[staggered])]]  # by holder, then stagger
         counts = np.bincount(holder, minlength=members)
         received = np.full(members, tokens * top_k * payload, dtype=np.int64)
         quantise = 0
     if ctx.engine == "aiv":
-        sends_of = _moe_writes_aiv(ctx, entries, dst, counts, payload, quantise)
+        sends, sends_count = _moe_writes_aiv(ctx, entries, dst, counts, payload, quantise)
     else:
         ends = np.cumsum(counts)
         sends_of = [_moe_writes_sdma(ctx, m, entries[m], dst[ends[m] - counts[m]:ends[m]], payload, quantise,
                                      0 if combine else tokens) for m in range(members)]
-    seen = _flags_and_poll(ctx, entries, sends_of, SDMA if ctx.engine == "sdma" else AIV)
+        sends, sends_count = np.concatenate(sends_of), [len(s) for s in sends_of]
+    seen = _flags_and_poll(ctx, entries, sends, sends_count, SDMA if ctx.engine == "sdma" else AIV)
     if combine:
         # Weighted sum of each token's top_k outputs (a multiply-add per element), plus writing it.
         def work(nbytes):
@@ -349,9 +353,18 @@ def _moe(ctx, entries, combine: bool):
     return done
 
 
+def _stable_order(keys) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")``; keys below 2**16 are sorted as uint16, which numpy
+    radix-sorts (a member or batch number: 5-10x faster than the int64 merge sort)."""
+    keys = np.asarray(keys)
+    if keys.size and 0 <= keys.min() and keys.max() < 2**16:
+        keys = keys.astype(np.uint16)
+    return np.argsort(keys, kind="stable")
+
+
 def _moe_writes_aiv(ctx, starts, dst_of_pair, counts, payload, quantise):
-    """Every member's pair writes on AIV-Direct, all members at once; returns each member's
-    send ops. Member m writes pairs dst_of_pair[sum(counts[:m]):][:counts[m]] (destination
+    """Every member's pair writes on AIV-Direct, all members at once; returns the send ops
+    (member after member) and how many each member has. Member m writes pairs dst_of_pair[sum(counts[:m]):][:counts[m]] (destination
     members), and its ops are its loads then its sends, member after member.
 
     AIV j of a member takes its pairs j, j + A, ...; it loads them into its UB a batch at a
@@ -419,14 +432,14 @@ def _moe_writes_aiv(ctx, starts, dst_of_pair, counts, payload, quantise):
     b.edges(load_op[chained], load_op[np.flatnonzero(chained) + a])
     b.edges(load_op[send_batch], send_op)
     # The writes, member by member, each batch's in pair order.
-    order = np.argsort(batch[remote], kind="stable")
+    order = _stable_order(batch[remote])
     msg_batch = batch[remote][order]
     send_of_batch = np.full(sizes.size, -1, dtype=np.int64)
     send_of_batch[send_batch] = send_op
     src = ctx.ranks[member[remote][order]]
     b.messages_between(ctx.topo, src, ctx.ranks[dst_of_pair[remote][order]], payload, send_of_batch[msg_batch], -1,
                        kind=MSG_WRITE)
-    return np.split(send_op, np.cumsum(sends_of_n)[:-1])
+    return send_op, sends_of_n
 
 
 def _moe_writes_sdma(ctx, m, start, dst_of_pair, payload, quantise, tokens):
