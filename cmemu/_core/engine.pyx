@@ -1494,10 +1494,18 @@ cdef class Engine:
         cdef int hop = 0
         cdef int64_t wire = self.pkts[p].wire, ser, rate
         while link >= 0:
-            if t < self.lk[link].pkt_end:
-                t = self.lk[link].pkt_end
             ser = serialisation_ps(wire, self.lk[link].rate)
-            t = self.cal_take(link, t, ser, wire)
+            if hop == 0:
+                # Its initiator's own link, which only its packets take, in issue order: idle
+                # time before the last of them is before this one's issue, so of no use.
+                if t < self.lk[link].busy_until:
+                    t = self.lk[link].busy_until
+                self.count_transmission(link, t, ser, wire)
+                t += ser
+            else:
+                if t < self.lk[link].pkt_end:
+                    t = self.lk[link].pkt_end
+                t = self.cal_take(link, t, ser, wire)
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
             if t > self.lk[link].busy_until:

@@ -621,9 +621,14 @@ class Engine:
         s, d = self.msg_src[m], self.msg_dst[m]
         hop = 0
         while link >= 0:
-            t = max(t, self.pkt_end[link])
             ser = serialisation_time_ps(pk.wire, self.link_rate[link])
-            t = self.cal_take(link, t, ser, pk.wire)
+            if hop == 0:
+                t = max(t, self.busy_until[link])
+                self.count_transmission(link, t, ser, pk.wire)
+                t += ser
+            else:
+                t = max(t, self.pkt_end[link])
+                t = self.cal_take(link, t, ser, pk.wire)
             if self.record_packets:
                 self.recs.append((t - ser, t, m, pk.seq, link, pk.wire, PKT_WRITE))
             self.busy_until[link] = max(self.busy_until[link], t)
