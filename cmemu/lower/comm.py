@@ -25,11 +25,12 @@ _DTYPES = {"src": np.int32, "dst": np.int32, "nbytes": np.int64, "kind": np.uint
 class Columns:
     """Named numpy columns of one length, appended to in batches.
 
-    Each column is one array with room to spare, grown by a quarter when full: ``ndarray.resize``
+    Each column is one array with room to spare, grown by an eighth when full: ``ndarray.resize``
     reallocates in place (the C library remaps a big array's pages instead of copying them), so
     the finished columns are handed over without a copy and without a second set of arrays at
-    any time; ``take`` trims them to their length. Lowering a 61-layer EP320 decode step appends
-    57 million messages this way.
+    any time; ``take`` trims them to their length. The room is small because resize zero-fills
+    it, which makes it resident. Lowering a 61-layer EP320 decode step appends 57 million
+    messages this way.
     """
 
     def __init__(self, dtypes: dict, defaults: dict | None = None):
@@ -45,7 +46,7 @@ class Columns:
             raise RuntimeError("these columns were already taken")
         end = self.n + count
         if end > self._room:
-            self._room = max(end, self._room + self._room // 4, 1024)
+            self._room = max(end, self._room + self._room // 8, 1024)
             for col in self._cols.values():
                 col.resize(self._room, refcheck=False)  # no views of a column are handed out
         for name, col in self._cols.items():
