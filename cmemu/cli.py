@@ -99,9 +99,9 @@ def main():
                    "fewer when a big run would pass 4 million rows).")
 @click.option("--fabric", "fabric_model", type=click.Choice(["packet", "message"]), default="packet",
               show_default=True,
-              help="Fabric granularity. packet: every packet on every link. message: writes of up to 64 KiB move "
-                   "as one unit, their path reserved when they start (many times faster on big MoE steps; see "
-                   "docs/model.md); larger writes and reads stay packets.")
+              help="Fabric model. packet: every packet on every link. message: a write packet's whole path is "
+                   "reserved when it is issued, in each link's idle time, with no events of its own (many times "
+                   "faster on big MoE steps; no credit flow control; see docs/model.md); reads stay packets.")
 @reports_errors
 def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
         pipe_intervals, fabric_model):

@@ -2,8 +2,9 @@
 it: invariants of the reservations on mixed traffic (reads, CPU sinks, D2D, RDMA, VPC, zero-byte
 messages, failures from the start), native == reference, the look-ahead, the link calendar
 (``cal_take``) against brute force, op_message_lists' counting sort, and the packet model's
-results bit-identical to before these commits. The three xfail tests are known bugs of the
-message-level fabric (see their reasons)."""
+results bit-identical to before these commits. The last three tests are bugs the review found,
+since fixed: a CPU's sink and a packet-level read use idle time before reservations, and the
+look-ahead waits while reads are outstanding."""
 import dataclasses
 import hashlib
 from types import SimpleNamespace
@@ -285,8 +286,6 @@ def test_window_with_reads_in_the_queue(mini):
     same_runs(e, simulate(L, F, native=False, record_packets=True, bin_ps=50_000))
     p = simulate(L, build_fabric(small))
     assert np.array_equal(np.asarray(e.link_bytes), np.asarray(p.link_bytes))
-    # (Its times are up to 9% later than the packet model's: see the xfail
-    # test_lookahead_with_reads_outstanding and test_read_uses_idle_time_before_reservations.)
 
 
 def test_cloudmatrix384_incast():
@@ -392,13 +391,8 @@ def test_op_message_lists_counting_sort(seed):
     assert np.array_equal(idx, want_idx) and idx.dtype == np.int32
 
 
-# -- known bugs of the message-level fabric -----------------------------------------------------
+# -- bugs the review found (fixed) ---------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine.pyx/reference.py path_reserve: a CPU's sink is taken in reservation (issue) order via "
-    "ep_sink_free, not first-fit in its idle time like the links' calendars: a local write that "
-    "arrives first waits for the sink slot of a remote write issued just before it, which arrives "
-    "~400 ns later (delivered at 1.31 us instead of 0.91 us, as alone and as on the packet fabric)"))
 def test_cpu_sink_uses_idle_time(one_plane):
     # As test_message_fabric.test_idle_time_is_used, but into a CPU (a sink rate): die 20 (other
     # node) writes first, die 0 (same node) right after; the local write gets there first.
@@ -412,12 +406,6 @@ def test_cpu_sink_uses_idle_time(one_plane):
     assert both.op_end_ps[3] == alone.op_end_ps[1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine.pyx try_transmit (and reference.py): on a link shared with message-level writes a "
-    "packet-level read waits for lk.busy_until, the end of the LAST reservation in the link's "
-    "calendar, even when the link is idle now: die 2's 512 B read from die 4 ends at 3.81 us "
-    "instead of 1.23 us (alone, and on the packet fabric), its response held on die 2's downlink "
-    "behind a 60 KB write from die 20 reserved for 1.43-3.61 us"))
 def test_read_uses_idle_time_before_reservations(one_plane):
     items = [(20, 2, 60_000, "ub", "w"), (4, 2, 512, "ub", "r")]
     L = lowered(one_plane, items)
@@ -430,13 +418,6 @@ def test_read_uses_idle_time_before_reservations(one_plane):
     assert message.op_end_ps[2] == alone.op_end_ps[0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine.pyx/reference.py inject: with its window full, a write takes the slot of the earliest "
-    "ack in ack_heap if due within the look-ahead, but the initiator also has reads outstanding, "
-    "whose responses (not in ack_heap) free slots earlier; the write is committed to the later "
-    "ack. Die 0 (window 4) reading and writing: up to 0.8 us later per op, the last op 13.26 us "
-    "instead of 12.53 us (as with a 1 ps look-ahead, and as on the packet fabric). Fix: take the "
-    "look-ahead only when ep_outstanding == ack_len (every slot in flight is a write's)"))
 def test_lookahead_with_reads_outstanding():
     small = build_topology(load_system("mini", ["ub.max_outstanding_packets=4"]))
     items = [(0, d, 9000, "ub", "w") if k % 3 else (d, 0, 6000, "ub", "r") for k, d in enumerate(range(2, 20))]

@@ -27,7 +27,8 @@ request is answered after the target's memory latency by a response carrying the
 Message-level fabric (``fabric.message_lookahead_ps`` > 0, ``cmemu run --fabric message``): a
 write packet has its whole path reserved when it is issued (``path_reserve``): on each link the
 first idle stretch at or after its arrival that holds it, from a calendar of reserved intervals
-per link (``cal_take``); no credits, and no event of its own. Reads stay packets.
+per link (``cal_reserve``; a CPU's sink has one too); no credits, and no event of its own. Reads
+stay packets, and take a link in its idle stretches of the same calendar (``try_transmit``).
 
 Events: ``on_op_ready``, ``on_op_done``, ``on_link_free`` (only when a
 packet waits for a busy link, or for its issue time at its source), ``on_packet_arrive`` (one per
@@ -139,7 +140,7 @@ cdef struct LinkInfo:
     int64_t busy
     int64_t cur_bin   # the first of its open time bins (count_transmission), -1: none
     int64_t free_at   # the earliest pending on_link_free (-1: none)
-    int64_t pkt_end   # the end of its last packet-level transmission
+    int64_t pad2
     # The busy intervals message-level packets reserved: (start, end) pairs, sorted and disjoint,
     # cal[2 * cal_lo: 2 * cal_n] (see cal_take); cal_cap int64s allocated.
     int64_t* cal
@@ -329,6 +330,7 @@ cdef class Engine:
     cdef int32_t[::1] voq_tail
     cdef uint64_t[::1] voq_mask   # per link, one bit per VOQ that holds packets
     cdef LinkInfo* lk  # per link, what a transmission reads and writes
+    cdef LinkInfo* sk  # per endpoint with a sink rate, the sink's calendar (message-level fabric)
     cdef int64_t n_links
     # Routing tables.
     cdef const int32_t[::1] t_ep_up
@@ -502,6 +504,9 @@ cdef class Engine:
             raise MemoryError("link table")
         self.lk = <LinkInfo*>lmem
         memset(lmem, 0, max(n_links, 1) * sizeof(LinkInfo))
+        self.sk = <LinkInfo*>calloc(max(F.ep_node.shape[0], 1), sizeof(LinkInfo))
+        if self.sk == NULL:
+            raise MemoryError("sink calendars")
         cdef const int64_t[::1] rate = F.link_rate_byte_per_s
         cdef const int64_t[::1] lat = F.link_latency_ps
         cdef const int32_t[::1] in_slot = F.link_in_slot
@@ -521,7 +526,6 @@ cdef class Engine:
             self.lk[i].in_slot = in_slot[i]
             self.lk[i].voq_slots = vslots[i]
             self.lk[i].free_at = -1
-            self.lk[i].pkt_end = 0
             self.lk[i].cal = NULL
             self.lk[i].cal_lo = 0
             self.lk[i].cal_n = 0
@@ -617,6 +621,10 @@ cdef class Engine:
         if self.lk != NULL:
             for i in range(self.n_links):
                 free(self.lk[i].cal)
+        if self.sk != NULL:
+            for i in range(self.ep_qhead.shape[0]):
+                free(self.sk[i].cal)
+            free(self.sk)
         free(self.ops)
         free(self.lk)
         free(self.heap)
@@ -1207,7 +1215,7 @@ cdef class Engine:
         cdef int32_t p = -1, prev, vl, nxt, s, d
         if self.lk[link].queued == 0 or not self.lk[link].alive:
             return 0
-        if self.lk[link].busy_until > self.now:
+        if self.lookahead == 0 and self.lk[link].busy_until > self.now:
             self.wake_link(link, self.lk[link].busy_until)
             return 0
         base = self.lk[link].voq_base
@@ -1237,6 +1245,14 @@ cdef class Engine:
             if wake >= 0:
                 self.wake_link(link, wake)
             return 0
+        ser = serialisation_ps(self.pkts[p].wire, self.lk[link].rate)
+        if self.lookahead > 0:
+            # Message-level fabric: the link is busy when its calendar says so (writes reserved
+            # ahead, packets sent); the packet goes in the first idle stretch that holds it.
+            arrive = self.cal_find(&self.lk[link], self.now, ser)
+            if arrive > self.now:
+                self.wake_link(link, arrive)
+                return 0
         self.voq_head[q] = self.pkts[p].next
         if self.voq_head[q] < 0:
             self.voq_tail[q] = -1
@@ -1245,11 +1261,11 @@ cdef class Engine:
         self.lk[link].rr = <int32_t>((pos + 1) % n)
         vl = self.pkts[p].vl
         self.credits[link * NUM_VLS + vl] -= self.pkts[p].wire
-        ser = serialisation_ps(self.pkts[p].wire, self.lk[link].rate)
-        if self.now + ser > self.lk[link].busy_until:  # (message-level packets may have reserved beyond it)
+        if self.lookahead > 0:
+            self.cal_take(link, self.now, ser, self.pkts[p].wire)
+        else:
             self.lk[link].busy_until = self.now + ser
-        self.lk[link].pkt_end = self.now + ser
-        self.count_transmission(link, self.now, ser, self.pkts[p].wire)
+            self.count_transmission(link, self.now, ser, self.pkts[p].wire)
         if self.record_packets:
             self.record(self.pkts[p].msg, self.pkts[p].seq, link, self.now, self.now + ser, self.pkts[p].wire,
                         self.pkts[p].ptype)
@@ -1272,11 +1288,14 @@ cdef class Engine:
             self.pkts[p].hop += 1
             self.pkts[p].ready = arrive
             self.voq_append(nxt, self.lk[link].in_slot, p)
-            self.wake_link(nxt, arrive if arrive > self.lk[nxt].busy_until else self.lk[nxt].busy_until)
+            if self.lookahead > 0 or arrive > self.lk[nxt].busy_until:
+                self.wake_link(nxt, arrive)
+            else:
+                self.wake_link(nxt, self.lk[nxt].busy_until)
         else:
             self.push(arrive, EV_PKT_ARRIVE, p)
         if self.lk[link].queued > 0:
-            self.wake_link(link, self.lk[link].busy_until)
+            self.wake_link(link, self.now + ser)
         if prev >= 0:
             # The packet left prev's receive buffer: its credit goes back to prev's sender.
             self.credits[prev * NUM_VLS + vl] += self.pkts[p].wire
@@ -1495,31 +1514,17 @@ cdef class Engine:
         cdef int64_t wire = self.pkts[p].wire, ser, rate
         while link >= 0:
             ser = serialisation_ps(wire, self.lk[link].rate)
-            if hop == 0:
-                # Its initiator's own link, which only its packets take, in issue order: idle
-                # time before the last of them is before this one's issue, so of no use.
-                if t < self.lk[link].busy_until:
-                    t = self.lk[link].busy_until
-                self.count_transmission(link, t, ser, wire)
-                t += ser
-            else:
-                if t < self.lk[link].pkt_end:
-                    t = self.lk[link].pkt_end
-                t = self.cal_take(link, t, ser, wire)
+            t = self.cal_take(link, t, ser, wire)
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
-            if t > self.lk[link].busy_until:
-                self.lk[link].busy_until = t
             self.packets_sent += 1
             t += self.lk[link].lat
             hop += 1
             link = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, hop)
         rate = self.ep_sink_rate[d]
-        if rate > 0:
-            if t < self.ep_sink_free[d]:
-                t = self.ep_sink_free[d]
-            t += serialisation_ps(self.pkts[p].payload, rate)
-            self.ep_sink_free[d] = t
+        if rate > 0:  # the sink takes it in its idle time too
+            ser = serialisation_ps(self.pkts[p].payload, rate)
+            t = self.cal_reserve(&self.sk[d], t, ser) + ser
         t += self.ep_write_lat[d]
         if t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
@@ -1536,10 +1541,10 @@ cdef class Engine:
             self.acked(m)
         return 0
 
-    cdef inline int64_t cal_gap(self, int32_t link, int64_t lo, int64_t n, int64_t* t, int64_t need) noexcept nogil:
-        """The first idle stretch of the link at or after *t that holds ``need`` ps: moves *t to
-        its start and returns the interval it ends at (n: none)."""
-        cdef int64_t* c = self.lk[link].cal
+    cdef inline int64_t cal_gap(self, LinkInfo* L, int64_t lo, int64_t n, int64_t* t, int64_t need) noexcept nogil:
+        """The first idle stretch of L's calendar at or after *t that holds ``need`` ps: moves *t
+        to its start and returns the interval it ends at (n: none)."""
+        cdef int64_t* c = L.cal
         cdef int64_t i = lo, hi = n, mid
         while i < hi:  # the first interval that ends after t
             mid = (i + hi) >> 1
@@ -1553,14 +1558,19 @@ cdef class Engine:
             i += 1
         return i
 
-    cdef int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
-        """Reserve ``need`` ps of the link's time for a packet that is there at t: the first idle
-        stretch at or after t long enough to hold it (a packet goes out whole). Stretches between
-        the intervals reserved before may be used, so the link is not left idle while a packet
-        that has arrived waits behind one reserved earlier for a later time. Returns when the
-        packet's tail has left; the link's counters get its bytes and busy time."""
-        cdef int64_t* c = self.lk[link].cal
-        cdef int64_t lo = self.lk[link].cal_lo, n = self.lk[link].cal_n, i, j
+    cdef inline int64_t cal_find(self, LinkInfo* L, int64_t t, int64_t need) noexcept nogil:
+        """When something there at t would start (cal_reserve without reserving)."""
+        self.cal_gap(L, L.cal_lo, L.cal_n, &t, need)
+        return t
+
+    cdef int64_t cal_reserve(self, LinkInfo* L, int64_t t, int64_t need) except -1:
+        """Reserve ``need`` ps of L's time (a link's, or a sink's) for a packet that is there at
+        t: the first idle stretch at or after t long enough to hold it (a packet goes out
+        whole). Stretches between the intervals reserved before may be used, so the link is not
+        left idle while a packet that has arrived waits behind one reserved earlier for a later
+        time. Returns when it starts."""
+        cdef int64_t* c = L.cal
+        cdef int64_t lo = L.cal_lo, n = L.cal_n, i
         cdef int64_t* grown
         while lo < n and c[2 * lo + 1] <= self.now:  # past intervals are of no more use
             lo += 1
@@ -1568,7 +1578,7 @@ cdef class Engine:
             memmove(c, c + 2 * lo, (n - lo) * 2 * sizeof(int64_t))
             n -= lo
             lo = 0
-        i = self.cal_gap(link, lo, n, &t, need)
+        i = self.cal_gap(L, lo, n, &t, need)
         # [t, t + need) goes in before interval i, joining its neighbours where it touches them.
         if i > lo and c[2 * i - 1] == t:
             c[2 * i - 1] = t + need
@@ -1579,20 +1589,28 @@ cdef class Engine:
         elif i < n and c[2 * i] == t + need:
             c[2 * i] = t
         else:
-            if n * 2 + 2 > self.lk[link].cal_cap:
-                self.lk[link].cal_cap = 16 if self.lk[link].cal_cap == 0 else 2 * self.lk[link].cal_cap
-                grown = <int64_t*>realloc(c, self.lk[link].cal_cap * sizeof(int64_t))
+            if n * 2 + 2 > L.cal_cap:
+                L.cal_cap = 16 if L.cal_cap == 0 else 2 * L.cal_cap
+                grown = <int64_t*>realloc(c, L.cal_cap * sizeof(int64_t))
                 if grown == NULL:
                     raise MemoryError("link calendar")
                 c = grown
-                self.lk[link].cal = c
+                L.cal = c
             memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
             c[2 * i] = t
             c[2 * i + 1] = t + need
             n += 1
-        self.lk[link].cal_lo = <int32_t>lo
-        self.lk[link].cal_n = <int32_t>n
+        L.cal_lo = <int32_t>lo
+        L.cal_n = <int32_t>n
+        return t
+
+    cdef int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
+        """cal_reserve on a link, whose counters get the packet's bytes and busy time; returns
+        when its tail has left."""
+        t = self.cal_reserve(&self.lk[link], t, need)
         self.count_transmission(link, t, need, nbytes)
+        if t + need > self.lk[link].busy_until:
+            self.lk[link].busy_until = t + need
         return t + need
 
     cdef void ack_pop(self, int32_t ep) noexcept nogil:
@@ -1657,7 +1675,10 @@ cdef class Engine:
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 # The window is full. On the message-level fabric a write's packet may take the
                 # slot of an ack due within the look-ahead, and leave no earlier than that ack.
+                # Only while every slot in flight is a write's, whose ack time is known (a read
+                # frees its slot when its response is back, which is not yet known).
                 if (self.lookahead == 0 or kind != MSG_WRITE or self.ack_len[ep] == 0
+                        or self.ack_len[ep] != self.ep_outstanding[ep]
                         or self.ack_heap[ep][0] > self.now + self.lookahead):
                     break
                 if self.ack_heap[ep][0] > self.ep_issue_free[ep]:

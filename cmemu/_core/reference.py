@@ -164,9 +164,9 @@ class Engine:
         self.lb = F.load_balancing
 
         self.lookahead = int(getattr(F, "message_lookahead_ps", 0))
-        self.cal = [[] for _ in range(n_links)]  # flat (start, end) pairs, sorted and disjoint
-        self.cal_lo = [0] * n_links
-        self.pkt_end = [0] * n_links
+        # Flat (start, end) pairs, sorted and disjoint: links', then the endpoints' sinks'.
+        self.cal = [[] for _ in range(n_links + n_eps)]
+        self.cal_lo = [0] * (n_links + n_eps)
         if self.lookahead > 0 and self.fail_time:
             raise ValueError("the message-level fabric does not model failures during a run")
         self.bin_ps = int(bin_ps)
@@ -418,7 +418,7 @@ class Engine:
     def try_transmit(self, link):
         if self.queued[link] == 0 or not self.link_alive[link]:
             return
-        if self.busy_until[link] > self.now:
+        if self.lookahead == 0 and self.busy_until[link] > self.now:
             self.wake_link(link, self.busy_until[link])
             return
         base = self.voq_base[link]
@@ -441,6 +441,12 @@ class Engine:
                 self.wake_link(link, wake)
             return
         pk = self.pkts[p]
+        ser = serialisation_time_ps(pk.wire, self.link_rate[link])
+        if self.lookahead > 0:
+            start = self.cal_find(link, self.now, ser)
+            if start > self.now:
+                self.wake_link(link, start)
+                return
         self.voq_head[q] = self.pkt_next[p]
         if self.voq_head[q] < 0:
             self.voq_tail[q] = -1
@@ -448,10 +454,11 @@ class Engine:
         self.rr[link] = (pos + 1) % n
         vl = pk.vl
         self.credits[link * NUM_VLS + vl] -= pk.wire
-        ser = serialisation_time_ps(pk.wire, self.link_rate[link])
-        self.busy_until[link] = max(self.busy_until[link], self.now + ser)
-        self.pkt_end[link] = self.now + ser
-        self.count_transmission(link, self.now, ser, pk.wire)
+        if self.lookahead > 0:
+            self.cal_take(link, self.now, ser, pk.wire)
+        else:
+            self.busy_until[link] = self.now + ser
+            self.count_transmission(link, self.now, ser, pk.wire)
         if self.record_packets:
             self.recs.append((self.now, self.now + ser, pk.msg, pk.seq, link, pk.wire, pk.ptype))
         self.packets_sent += 1
@@ -468,11 +475,11 @@ class Engine:
             pk.hop += 1
             pk.ready = arrive
             self.voq_append(nxt, self.link_in_slot[link], p)
-            self.wake_link(nxt, max(arrive, self.busy_until[nxt]))
+            self.wake_link(nxt, arrive if self.lookahead > 0 else max(arrive, self.busy_until[nxt]))
         else:
             self.push(arrive, EV_PKT_ARRIVE, p)
         if self.queued[link] > 0:
-            self.wake_link(link, self.busy_until[link])
+            self.wake_link(link, self.now + ser)
         if prev >= 0:
             self.credits[prev * NUM_VLS + vl] += pk.wire
             self.try_transmit(prev)
@@ -622,24 +629,17 @@ class Engine:
         hop = 0
         while link >= 0:
             ser = serialisation_time_ps(pk.wire, self.link_rate[link])
-            if hop == 0:
-                t = max(t, self.busy_until[link])
-                self.count_transmission(link, t, ser, pk.wire)
-                t += ser
-            else:
-                t = max(t, self.pkt_end[link])
-                t = self.cal_take(link, t, ser, pk.wire)
+            t = self.cal_take(link, t, ser, pk.wire)
             if self.record_packets:
                 self.recs.append((t - ser, t, m, pk.seq, link, pk.wire, PKT_WRITE))
-            self.busy_until[link] = max(self.busy_until[link], t)
             self.packets_sent += 1
             t += self.link_lat[link]
             hop += 1
             link = self.route_link(self.msg_path[m], s, d, pk.plane, pk.uplink, hop)
         rate = self.ep_sink_rate[d]
         if rate > 0:
-            t = max(t, self.ep_sink_free[d]) + serialisation_time_ps(pk.payload, rate)
-            self.ep_sink_free[d] = t
+            ser = serialisation_time_ps(pk.payload, rate)
+            t = self.cal_reserve(len(self.busy_until) + d, t, ser) + ser
         t += self.ep_write_lat[d]
         self.msg_delivered[m] = max(self.msg_delivered[m], t)
         if self.msg_left[m] == 1:
@@ -654,8 +654,8 @@ class Engine:
         if self.msg_left[m] == 0:
             self.acked(m)
 
-    def cal_gap(self, link, lo, t, need):
-        c = self.cal[link]
+    def cal_gap(self, k, lo, t, need):
+        c = self.cal[k]
         n = i = len(c) // 2
         while i > lo and c[2 * i - 1] > t:
             i -= 1
@@ -664,17 +664,20 @@ class Engine:
             i += 1
         return i, t
 
-    def cal_take(self, link, t, need, nbytes):
-        """engine.pyx cal_take."""
-        c = self.cal[link]
-        lo, n = self.cal_lo[link], len(c) // 2
+    def cal_find(self, k, t, need):
+        return self.cal_gap(k, self.cal_lo[k], t, need)[1]
+
+    def cal_reserve(self, k, t, need):
+        """engine.pyx cal_reserve, on calendar k (a link's, or n_links + an endpoint's sink)."""
+        c = self.cal[k]
+        lo, n = self.cal_lo[k], len(c) // 2
         while lo < n and c[2 * lo + 1] <= self.now:
             lo += 1
         if lo > 0 and 2 * lo >= n:
             del c[:2 * lo]
             n -= lo
             lo = 0
-        i, t = self.cal_gap(link, lo, t, need)
+        i, t = self.cal_gap(k, lo, t, need)
         if i > lo and c[2 * i - 1] == t:
             c[2 * i - 1] = t + need
             if i < n and c[2 * i] == t + need:
@@ -684,8 +687,13 @@ class Engine:
             c[2 * i] = t
         else:
             c[2 * i:2 * i] = [t, t + need]
-        self.cal_lo[link] = lo
+        self.cal_lo[k] = lo
+        return t
+
+    def cal_take(self, link, t, need, nbytes):
+        t = self.cal_reserve(link, t, need)
         self.count_transmission(link, t, need, nbytes)
+        self.busy_until[link] = max(self.busy_until[link], t + need)
         return t + need
 
     def collect_acks(self, ep):
@@ -701,7 +709,8 @@ class Engine:
             kind = self.msg_kind[m]
             h = self.ack_heap[ep]
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
-                if self.lookahead == 0 or kind != MSG_WRITE or not h or h[0] > self.now + self.lookahead:
+                if (self.lookahead == 0 or kind != MSG_WRITE or not h or len(h) != self.ep_outstanding[ep]
+                        or h[0] > self.now + self.lookahead):
                     break
                 self.ep_issue_free[ep] = max(self.ep_issue_free[ep], heapq.heappop(h))
                 self.ep_outstanding[ep] -= 1
