@@ -106,10 +106,12 @@ def merge_link_series(bin_ps: int, rows):
     second row for that bin: rows of one (link, bin) are summed."""
     import numpy as np
 
-    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    key = rows[:, 0] * (int(rows[:, 1].max()) + 1 if rows.shape[0] else 1) + rows[:, 1]
+    order = np.argsort(key, kind="stable")
+    rows, key = rows[order], key[order]
     if rows.shape[0] > 1:
         new = np.ones(rows.shape[0], dtype=bool)
-        new[1:] = (rows[1:, 0] != rows[:-1, 0]) | (rows[1:, 1] != rows[:-1, 1])
+        new[1:] = key[1:] != key[:-1]
         if not new.all():
             at = np.flatnonzero(new)
             rows = np.column_stack([rows[at, 0], rows[at, 1], np.add.reduceat(rows[:, 2], at),
