@@ -17,24 +17,15 @@ import resource
 import subprocess
 import sys
 
+from decode_steps import CLI, decode_trace
+
 MAX_EVENT_COST_GROWTH = 1.5
 MAX_FABRIC_ERROR = 0.01
 BUDGET_S, BUDGET_GB = 60.0, 4.0
-CLI = "from cmemu.cli import main; main()"
-
-
-def _trace(tmp_path, layers):
-    trace = tmp_path / f"ep320_{layers}.json"
-    if not trace.exists():
-        # Run from tmp_path: from the checkout, `python -c` would import its cmemu (no compiled
-        # core unless built in place) rather than the installed one.
-        subprocess.run([sys.executable, "-c", CLI, "trace", "gen", "deepseek-r1", "--system", "cloudmatrix384",
-                        "--layers", str(layers), "-o", str(trace)], check=True, capture_output=True, cwd=tmp_path)
-    return trace
 
 
 def _run(tmp_path, layers, fabric="message"):
-    trace = _trace(tmp_path, layers)
+    trace = decode_trace(tmp_path, layers)
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     done = subprocess.run([sys.executable, "-c", CLI, "run", str(trace), "-o", str(tmp_path / f"{layers}.h5"),
                            "--fabric", fabric, "--max-memory", "64GB"], capture_output=True, text=True, cwd=tmp_path)

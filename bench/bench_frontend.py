@@ -17,10 +17,10 @@ import subprocess
 import sys
 
 import pytest
+from decode_steps import decode_trace
 
 BUDGET_S = 15.0
 MAX_GROWTH = 1.5
-CLI = "from cmemu.cli import main; main()"
 MEASURE = r"""
 import gc, json, resource, sys, time
 import psutil
@@ -49,18 +49,8 @@ print(json.dumps({"read_s": t1 - t0, "load_s": t2 - t1, "lower_s": t3 - t2, "nod
 """
 
 
-def _trace(tmp_path, layers):
-    trace = tmp_path / f"ep320_{layers}.json"
-    if not trace.exists():
-        # Run from tmp_path: from the checkout, `python -c` would import its cmemu (no compiled
-        # core unless built in place) rather than the installed one.
-        subprocess.run([sys.executable, "-c", CLI, "trace", "gen", "deepseek-r1", "--system", "cloudmatrix384",
-                        "--layers", str(layers), "-o", str(trace)], check=True, capture_output=True, cwd=tmp_path)
-    return trace
-
-
 def _measure(tmp_path, layers):
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(_trace(tmp_path, layers))], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(decode_trace(tmp_path, layers))], capture_output=True,
                           text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     m = json.loads(done.stdout)

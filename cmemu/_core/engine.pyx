@@ -1505,10 +1505,9 @@ cdef class Engine:
         packet is there (store and forward, as on the packet fabric; see cal_take); none of it is
         an event. An initiator's packets reach its own links in issue order, as they would; a
         later link sees them in the order their initiators issued them, and those issued first
-        keep their slots, but a packet may use any idle time before them. At the destination the sink takes it (at its
-        rate, if it has one); it is in memory one write latency later, and its ack is back after
-        the ack's trip. The message is delivered with its last packet; the send op ends with its
-        last ack."""
+        keep their slots, but a packet may use any idle time before them. At the destination
+        a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
+        one write latency later (write_absorbed)."""
         cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m], d = self.msg_dst[m]
         cdef int hop = 0
         cdef int64_t wire = self.pkts[p].wire, ser, rate
@@ -1525,7 +1524,15 @@ cdef class Engine:
         if rate > 0:  # the sink takes it in its idle time too
             ser = serialisation_ps(self.pkts[p].payload, rate)
             t = self.cal_reserve(&self.sk[d], t, ser) + ser
-        t += self.ep_write_lat[d]
+        return self.write_absorbed(p, t + self.ep_write_lat[d])
+
+    cdef int write_absorbed(self, int32_t p, int64_t t) except -1:
+        """Write packet p is in its destination's memory at t. The message is delivered with its
+        last packet, at the latest of its packets' times (they may come in any order on the
+        message-level fabric). The packet's ack is computed, not simulated: it is back after its
+        trip, which frees its window slot (see collect_acks) and ends the send op no earlier; the
+        message is acknowledged when its last ack is."""
+        cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m]
         if t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
         if self.msg_left[m] == 1:
@@ -1807,21 +1814,7 @@ cdef class Engine:
         self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
         self.try_transmit(link)
         if self.pkts[p].ptype == PKT_WRITE:
-            t = self.now + self.ep_write_lat[self.msg_dst[m]]
-            if self.msg_left[m] == 1:
-                self.deliver(m, t)
-            # The ack's return is computed: its slot frees then (see collect_acks); the message
-            # is acknowledged when its last ack is back.
-            t += self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
-            self.ack_push(self.msg_src[m], t)
-            s = self.msg_src[m]
-            if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
-                self.wake_at(s, t)  # its initiator waits for a window slot
-            self.ack_back(m, t)
-            self.packet_release(p)
-            self.msg_left[m] -= 1
-            if self.msg_left[m] == 0:
-                self.acked(m)
+            self.write_absorbed(p, self.now + self.ep_write_lat[self.msg_dst[m]])
         elif self.pkts[p].ptype == PKT_READ_REQ:
             # A read reads the target's memory; an atomic reads, modifies and writes it.
             t = self.now + self.ep_read_lat[self.msg_src[m]]

@@ -640,7 +640,12 @@ class Engine:
         if rate > 0:
             ser = serialisation_time_ps(pk.payload, rate)
             t = self.cal_reserve(len(self.busy_until) + d, t, ser) + ser
-        t += self.ep_write_lat[d]
+        self.write_absorbed(p, t + self.ep_write_lat[d])
+
+    def write_absorbed(self, p, t):
+        pk = self.pkts[p]
+        m = pk.msg
+        s = self.msg_src[m]
         self.msg_delivered[m] = max(self.msg_delivered[m], t)
         if self.msg_left[m] == 1:
             self.deliver(m, self.msg_delivered[m])
@@ -816,19 +821,7 @@ class Engine:
         self.credits[link * NUM_VLS + pk.vl] += pk.wire
         self.try_transmit(link)
         if pk.ptype == PKT_WRITE:
-            t = self.now + self.ep_write_lat[self.msg_dst[m]]
-            if self.msg_left[m] == 1:
-                self.deliver(m, t)
-            t += self.ack_trip(m, pk.plane, pk.uplink)
-            src = self.msg_src[m]
-            heapq.heappush(self.ack_heap[src], t)
-            if self.ep_qhead[src] >= 0 and self.ep_outstanding[src] >= self.ep_max_out[src]:
-                self.wake_at(src, t)
-            self.ack_back(m, t)
-            self.packet_release(p)
-            self.msg_left[m] -= 1
-            if self.msg_left[m] == 0:
-                self.acked(m)
+            self.write_absorbed(p, self.now + self.ep_write_lat[self.msg_dst[m]])
         elif pk.ptype == PKT_READ_REQ:
             t = self.now + self.ep_read_lat[self.msg_src[m]]
             if self.msg_kind[m] == MSG_ATOMIC:
