@@ -57,7 +57,9 @@ def report_text(t, summary: dict) -> str:
     from cmemu.scenarios.common import format_table
 
     s = summary
-    lines = [f"cmemu report {t.path} (timeline v{t.version}, preset {s['preset']}, {s['dies']} dies)"]
+    fabric = str(t.attrs.get("fabric_model", "packet"))  # v5; before, always the packet model
+    lines = [f"cmemu report {t.path} (timeline v{t.version}, preset {s['preset']}, {s['dies']} dies, "
+             f"{fabric}-level fabric)"]
     lines.append(f"  makespan             {s['makespan_us']:,.3f} us")
     lines.append(f"  ops                  {s['ops']:,}; messages {s['messages']:,} ({s['message_bytes']:,} B)")
     e = s["exposed_comm"]
