@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from cmemu.errors import CmemuError
+from cmemu.scenarios.common import MemorySize
 
 EXIT_INPUT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
@@ -41,20 +42,6 @@ def reports_errors(fn):
     return wrapper
 
 
-class _MemorySize(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from cmemu.run import parse_memory_size
-
-        try:
-            return parse_memory_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
 def _system_options(fn):
     fn = click.option(
         "--set",
@@ -81,7 +68,7 @@ def main():
 @click.option("--engine", type=click.Choice(["native", "reference"]), default="native", show_default=True,
               help="The Cython kernel, or its pure-Python reference (slow; for checking).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line and no summary.")
-@click.option("--max-memory", type=_MemorySize(), default=None, metavar="SIZE",
+@click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
               help="Fail early instead of swapping if the run would need more, e.g. 2GB, 512MiB "
                    "[default: 3/4 of physical memory].")
 @click.option("--compression", type=click.Choice(["gzip", "lzf", "none"]), default="gzip", show_default=True,

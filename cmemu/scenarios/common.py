@@ -44,6 +44,32 @@ def scenario_command(name: str, default_system: str = "cloudmatrix384"):
     return wrap
 
 
+class MemorySize(click.ParamType):
+    """A memory size on the command line: 2GB, 512MiB or bytes (cmemu.run.parse_memory_size)."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from cmemu.run import parse_memory_size
+
+        try:
+            return parse_memory_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def run_options(fn):
+    """--fabric and --max-memory, as `cmemu run` has them, for the scenarios that replay a step."""
+    fn = click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
+                      help="Fail early instead of swapping if the run would need more, e.g. 24GB "
+                           "[default: 3/4 of physical memory].")(fn)
+    return click.option("--fabric", type=click.Choice(["packet", "message"]), default="packet", show_default=True,
+                        help="Fabric model (as `cmemu run --fabric`): message is several times faster on big EP "
+                             "steps.")(fn)
+
+
 def format_table(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)"

@@ -20,7 +20,7 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.scenarios.common import run_doc, scenario_command
+from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.trace.deepseek import LAYERS, DecodeConfig, decode_trace
 
 CLASSES = (
@@ -119,9 +119,9 @@ def decode_metrics(cfg: DecodeConfig, result) -> dict:
     return out, per_class
 
 
-def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet"):
+def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int | None = None):
     doc = decode_trace(cfg, spec.name, spec.dies)
-    return decode_metrics(cfg, run_doc(doc, spec, fabric_model=fabric))
+    return decode_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
 
 
 @scenario_command("decode")
@@ -133,14 +133,13 @@ def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet"):
 @click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
 @click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default="aiv", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
-@click.option("--fabric", type=click.Choice(["packet", "message"]), default="packet", show_default=True,
-              help="Fabric model (as `cmemu run --fabric`): message is several times faster on big EP steps.")
+@run_options
 @click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
               help="Layers to simulate (the step and TPOT are also extrapolated to 61).")
 @click.option("--tpot-slo", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MS",
               help="Find the largest tokens per die whose (extrapolated) TPOT meets this SLO.")
 def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew, fabric,
-            layers, tpot_slo):
+            max_memory, layers, tpot_slo):
     """DeepSeek-R1 decode step (CloudMatrix-Infer): step time, per-layer time, TPOT, tokens/s per
     NPU, time by op class, exposed communication; --tpot-slo finds the largest batch meeting an SLO."""
     ep = ep or min(320, spec.dies)
@@ -153,7 +152,7 @@ def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance
               "mtp_acceptance": mtp_acceptance, "dispatch_engine": dispatch_engine, "layers": layers,
               "fabric": fabric}
     if tpot_slo is None:
-        metrics, per_class = run_decode(spec, cfg_for(tokens_per_die), fabric)
+        metrics, per_class = run_decode(spec, cfg_for(tokens_per_die), fabric, max_memory)
         return params, {"decode step": [metrics],
                         "mean busy time per die by op class (us)": [per_class]}
     key = "tpot_61_layers_extrapolated_ms" if layers < LAYERS else "tpot_ms"
@@ -164,7 +163,7 @@ def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance
     for _ in range(8):
         if tokens < int(micro_batches) or (hi is not None and hi - lo <= 1):
             break
-        metrics, _ = run_decode(spec, cfg_for(tokens), fabric)
+        metrics, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory)
         rows.append(metrics)
         if metrics[key] is not None and metrics[key] <= tpot_slo:
             best, lo = metrics, tokens

@@ -20,7 +20,7 @@ from __future__ import annotations
 import click
 import numpy as np
 
-from cmemu.scenarios.common import run_doc, scenario_command
+from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.scenarios.decode import _exposed, _union
 from cmemu.trace.deepseek import DENSE_LAYERS, LAYERS, PrefillConfig, prefill_trace
 
@@ -96,9 +96,9 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
     return out, per_class
 
 
-def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet"):
+def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None):
     doc = prefill_trace(cfg, spec.name, spec.dies)
-    return prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric))
+    return prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
 
 
 @scenario_command("prefill")
@@ -115,12 +115,11 @@ def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet"):
               help="EMS context-cache reuse rate: share of each prompt's KV fetched, not recomputed.")
 @click.option("--dispatch-engine", type=click.Choice(["sdma", "aiv"]), default="sdma", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
-@click.option("--fabric", type=click.Choice(["packet", "message"]), default="packet", show_default=True,
-              help="Fabric model (as `cmemu run --fabric`): message is several times faster on big EP steps.")
+@run_options
 @click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
               help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61).")
 def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew, fabric,
-            layers):
+            max_memory, layers):
     """DeepSeek-R1 prefill step (CloudMatrix-Infer, EP32, SP -> TP -> SP attention): TTFT, per-layer
     time, prompt tokens/s per NPU, time by op class, exposed communication."""
     cfg = PrefillConfig(ep=ep, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
@@ -129,5 +128,5 @@ def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse,
     params = {"ep": ep, "prompt_len": prompt_len, "requests": requests, "attn_tp": attn_tp,
               "micro_batches": cfg.micro_batches, "dtype": "int8" if int8 else "bf16", "reuse": reuse,
               "dispatch_engine": dispatch_engine, "layers": layers, "fabric": fabric}
-    metrics, per_class = run_prefill(spec, cfg, fabric)
+    metrics, per_class = run_prefill(spec, cfg, fabric, max_memory)
     return params, {"prefill step": [metrics], "mean busy time per die by op class (us)": [per_class]}
