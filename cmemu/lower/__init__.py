@@ -95,17 +95,18 @@ class Lowered:
         cut = {f.name: getattr(self, f.name)[:nt] for f in dataclasses.fields(self)
                if f.name.startswith("op_") and f.name != "op_name"}
         cut.update({f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self) if f.name.startswith("msg_")})
-        inner = self.succ_idx < nt
-        src = np.repeat(np.arange(self.num_ops), np.diff(self.succ_ptr))
-        keep_edge = inner & (src < nt)
+        # The trace ops come first, so their successor lists are the CSR's first succ_ptr[nt].
+        head = self.succ_idx[:int(self.succ_ptr[nt])]
+        src = np.repeat(np.arange(nt), np.diff(self.succ_ptr[:nt + 1]))
+        keep_edge = head < nt
         succ_ptr = np.zeros(nt + 1, dtype=np.int64)
         np.cumsum(np.bincount(src[keep_edge], minlength=nt), out=succ_ptr[1:])
-        cut["op_npred"] = np.bincount(self.succ_idx[keep_edge], minlength=nt).astype(np.int32)
+        cut["op_npred"] = np.bincount(head[keep_edge], minlength=nt).astype(np.int32)
         if keep.size:
             new_id = np.cumsum(keep) - 1
             om = np.maximum(self.op_msg[:nt], 0)
             cut["op_msg"] = np.where((self.op_msg[:nt] >= 0) & keep[om], new_id[om], -1).astype(np.int32)
-        view = dataclasses.replace(self, succ_ptr=succ_ptr, succ_idx=self.succ_idx[keep_edge], **cut)
+        view = dataclasses.replace(self, succ_ptr=succ_ptr, succ_idx=head[keep_edge], **cut)
         return view, keep
 
     def name_of(self, i: int) -> str:
