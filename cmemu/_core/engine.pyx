@@ -1046,7 +1046,13 @@ cdef class Engine:
 
     @property
     def msg_packets(self):
-        return np.maximum(1, -(-np.asarray(self.msg_bytes) // np.asarray(self.path_mtu)[np.asarray(self.msg_path)]))
+        """Packets each message is cut into (int64 [msgs])."""
+        out = np.empty(self.msg_bytes.shape[0], dtype=np.int64)
+        cdef int64_t[::1] o = out
+        cdef int32_t m
+        for m in range(o.shape[0]):
+            o[m] = self.packets_of(m)
+        return out
 
     cdef inline void leg_ends(self, int32_t p, int32_t* s, int32_t* d) noexcept nogil:
         """Endpoints of the packet's current leg (a read's request goes the other way)."""
