@@ -129,9 +129,5 @@ def test_message_table_keeps_single_and_batched_messages_in_order(mini):
     arrays = table.arrays()
     assert arrays["msg_src"].tolist() == [0, 1, 2, 3] and arrays["msg_bytes"].tolist() == [64, 128, 128, 32]
     assert arrays["msg_send_op"].tolist() == [0, 2, 3, 4] and arrays["msg_recv_op"].tolist() == [1, -1, -1, 5]
-    m = np.arange(4, dtype=np.uint64)
-    expect = (m * np.uint64(0x9E3779B1) + arrays["msg_src"].astype(np.uint64) * np.uint64(7919)
-              + arrays["msg_dst"].astype(np.uint64) * np.uint64(104729)) % np.uint64(2**31)
-    assert np.array_equal(arrays["msg_hash"], expect.astype(np.int64))
     with pytest.raises(RuntimeError):
         table.arrays()

@@ -93,6 +93,7 @@ cdef enum:
 
 cdef int64_t PS_PER_S = 1000000000000
 cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
+cdef uint64_t PATH_HASH_MULT = 0x9E3779B1  # cmemu.lower.fabric.PATH_HASH_MULT
 
 cdef struct Event:
     int64_t time
@@ -279,7 +280,6 @@ cdef class Engine:
     cdef const int64_t[::1] msg_bytes
     cdef const uint8_t[::1] msg_kind
     cdef const uint8_t[::1] msg_path
-    cdef const int64_t[::1] msg_hash
     cdef const int32_t[::1] msg_send_op
     cdef const int32_t[::1] msg_recv_op
     cdef int32_t[::1] msg_seq
@@ -444,7 +444,6 @@ cdef class Engine:
         self.msg_bytes = L.msg_bytes
         self.msg_kind = L.msg_kind
         self.msg_path = L.msg_path
-        self.msg_hash = L.msg_hash
         self.msg_send_op = L.msg_send_op
         self.msg_recv_op = L.msg_recv_op
         self.msg_seq = np.zeros(n_msgs, dtype=np.int32)
@@ -908,6 +907,12 @@ cdef class Engine:
             return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
 
+    cdef inline int64_t path_hash(self, int32_t m) noexcept nogil:
+        """Message m's path hash (cmemu.lower.fabric.path_hashes)."""
+        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.msg_src[m] * 7919
+                           + <uint64_t>self.msg_dst[m] * 104729)
+        return <int64_t>(h & 0x7fffffff)  # mod 2**31
+
     cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p) except -1:
         """The (plane, L2 chip) index of packet ``seq`` of message m: sprayed or hashed, and a path
         through a failed link is replaced by another drawn by a hash of the message, packet and
@@ -916,9 +921,9 @@ cdef class Engine:
         cdef int64_t idx, tries = 0
         cdef int path = self.msg_path[m]
         if self.lb == LB_SPRAY:
-            idx = (self.msg_hash[m] + seq) % (self.P * self.U)
+            idx = (self.path_hash(m) + seq) % (self.P * self.U)
         else:
-            idx = self.msg_hash[m] % (self.P * self.U)
+            idx = self.path_hash(m) % (self.P * self.U)
         while self.links_down and not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
             tries += 1
             if path != PATH_UB or tries > 3 * self.P * self.U:
@@ -926,7 +931,7 @@ cdef class Engine:
                     self.packet_release(p)
                 raise UnroutableError(m)
             if tries <= 2 * self.P * self.U:
-                idx = (self.msg_hash[m] * 2654435761 + seq * 40503 + tries * 97) % (self.P * self.U)
+                idx = (self.path_hash(m) * 2654435761 + seq * 40503 + tries * 97) % (self.P * self.U)
             else:
                 idx = tries - 2 * self.P * self.U - 1
         return idx

@@ -26,6 +26,7 @@ from cmemu.lower.fabric import (
     PKT_WRITE,
     PATH_UB,
     PATH_VPC,
+    path_hashes,
 )
 
 K_COMP, K_SEND, K_RECV, K_MEM = range(4)
@@ -89,7 +90,7 @@ class Engine:
         self.msg_bytes = L.msg_bytes.tolist()
         self.msg_kind = L.msg_kind.tolist()
         self.msg_path = L.msg_path.tolist()
-        self.msg_hash = L.msg_hash.tolist()
+        self.msg_hash = path_hashes(L.msg_src, L.msg_dst).tolist()
         self.msg_send_op = L.msg_send_op.tolist()
         self.msg_recv_op = L.msg_recv_op.tolist()
         self.msg_seq = [0] * n_msgs

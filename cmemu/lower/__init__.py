@@ -54,7 +54,6 @@ class Lowered:
     msg_bytes: np.ndarray  # int64 [msgs]
     msg_kind: np.ndarray  # uint8 [msgs]: fabric.MSG_WRITE / MSG_READ
     msg_path: np.ndarray  # uint8 [msgs]: fabric.PATH_UB / PATH_D2D / PATH_RDMA
-    msg_hash: np.ndarray  # int64 [msgs]: picks the message's first path
     msg_send_op: np.ndarray  # int32 [msgs]: -1 if none
     msg_recv_op: np.ndarray  # int32 [msgs]: -1 if none
     n_resources: int

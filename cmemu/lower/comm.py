@@ -13,13 +13,11 @@ import numpy as np
 from cmemu.lower.fabric import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC
 from cmemu.topology import Topology
 
-_HASH_MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads message numbers over paths
-
 
 _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")
-# Stored as the engine reads them (34 B a message with its hash: a big lowering holds millions).
+# Stored as the engine reads them (26 B a message: a big lowering holds millions).
 _DTYPES = {"src": np.int32, "dst": np.int32, "nbytes": np.int64, "kind": np.uint8, "path": np.uint8,
-           "hash": np.int64, "send_op": np.int32, "recv_op": np.int32}
+           "send_op": np.int32, "recv_op": np.int32}
 
 
 class Columns:
@@ -79,22 +77,7 @@ class MessageTable:
         return self._n
 
     def _append(self, count: int, cols: dict) -> None:
-        """Append a batch (columns given as arrays or scalars) with each message's hash.
-
-        The hash picks a message's first path (plane, L2 chip) deterministically:
-        (m * _HASH_MULT + src * 7919 + dst * 104729) mod 2**31 for message number m."""
-        src = np.broadcast_to(cols["src"], (count,)).astype(np.uint64)
-        h = np.arange(self._cols.n, self._cols.n + count, dtype=np.uint64)
-        h *= np.uint64(_HASH_MULT)
-        src *= np.uint64(7919)
-        h += src
-        del src
-        dst = np.broadcast_to(cols["dst"], (count,)).astype(np.uint64)
-        dst *= np.uint64(104729)
-        h += dst
-        del dst
-        h %= np.uint64(2**31)
-        self._cols.append(count, {**cols, "hash": h.view(np.int64)})  # below 2**31: the same value
+        self._cols.append(count, cols)
 
     def _flush(self) -> None:
         if self._rows["src"]:
@@ -143,4 +126,4 @@ class MessageTable:
         self._flush()
         cols = self._cols.take()
         return {f"msg_{'bytes' if c == 'nbytes' else c}": cols[c] for c in
-                ("src", "dst", "nbytes", "kind", "path", "hash", "send_op", "recv_op")}
+                ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")}

@@ -40,6 +40,18 @@ PKT_WRITE, PKT_READ_REQ, PKT_READ_RESP, PKT_ACK = range(4)
 MSG_WRITE, MSG_READ, MSG_ATOMIC = range(3)
 MSG_KIND_NAMES = ("write", "read", "atomic")
 LB_SPRAY, LB_HASH = range(2)
+# A message's path hash, which picks its first path (plane, L2 chip) deterministically:
+# (m * PATH_HASH_MULT + src * 7919 + dst * 104729) mod 2**31 for message number m (Knuth's
+# multiplicative hash spreads message numbers over the paths). The engine computes it.
+PATH_HASH_MULT = 0x9E3779B1
+
+
+def path_hashes(src, dst) -> np.ndarray:
+    """The path hash of every message (int64), from its endpoints and its number."""
+    h = np.arange(len(src), dtype=np.uint64) * np.uint64(PATH_HASH_MULT)
+    h += np.asarray(src, dtype=np.uint64) * np.uint64(7919)
+    h += np.asarray(dst, dtype=np.uint64) * np.uint64(104729)
+    return (h % np.uint64(2**31)).astype(np.int64)
 
 
 @dataclass
