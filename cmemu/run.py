@@ -620,6 +620,10 @@ def _trace_failures(trace) -> tuple[list[str], list[tuple[int, str]]]:
     return static, timed
 
 
+# _hbm_series spreads at most about this many (op, stack) intervals at once.
+HBM_SPREAD_INTERVALS = 4_000_000
+
+
 def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     """Each op's HBM bytes spread over its run, per die, stack and bin (the link counters' bins):
     (per-die series, per-stack series). Evenly in time, or, for an op that shared its die's HBM,
@@ -649,21 +653,32 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     base = np.empty_like(nbytes)
     base[order] = (after - (nbytes[order] % period) - (after - nbytes[order] % period)[group_start]) % period
     share = stack_bytes(hp, nbytes, base)  # [ops, stacks]
-    keys = (L.op_rank[has].astype(np.int64)[:, None] * stacks + np.arange(stacks)[None, :]).ravel()
-    rep = lambda a: np.repeat(a, stacks)  # noqa: E731
-    # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
-    clock_of = clock = None
-    if full.hbm_clock is not None and len(full.hbm_clock["die"]):
-        _, rate = hbm_sharing(L)
-        clock_of = rep(np.where(rate[has] > 0, L.op_rank[has], -1))
-        clock = clock_tables(full.hbm_clock, int(L.die_aic_cores.shape[0]))
+    del nbytes, base, order, after, first, group_start
+    rank = L.op_rank[has]
+    start = full.op_start_ps[has]
     # A MEM op's bytes move before its access latency, which ends it.
-    end = np.maximum(full.op_start_ps[has], full.op_end_ps[has] - np.where(L.op_kind[has] == OP_KIND_MEM,
-                                                                          L.op_lat_ps[has], 0))
-    key, b, nbytes = bin_intervals(keys, rep(full.op_start_ps[has]), rep(end), share.ravel(), bin_ps,
+    end = np.maximum(start, full.op_end_ps[has] - np.where(L.op_kind[has] == OP_KIND_MEM, L.op_lat_ps[has], 0))
+    # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
+    shared = clock = None
+    if full.hbm_clock is not None and len(full.hbm_clock["die"]):
+        shared = hbm_sharing(L)[1][has] > 0
+        clock = clock_tables(full.hbm_clock, int(L.die_aic_cores.shape[0]))
+    rep = lambda a: np.repeat(a, stacks)  # noqa: E731
+    # A die's cells depend on its own ops only: spread the dies a group at a time, so that the
+    # per-(op, stack) intervals of a big run are never all in memory at once.
+    dies = int(L.die_aic_cores.shape[0])
+    groups = max(1, min(dies, -(-has.size * stacks // HBM_SPREAD_INTERVALS)))
+    parts = []
+    for lo, hi in zip(np.arange(groups) * dies // groups, (np.arange(groups) + 1) * dies // groups):
+        sel = np.flatnonzero((rank >= lo) & (rank < hi))
+        keys = ((rank[sel].astype(np.int64) - lo)[:, None] * stacks + np.arange(stacks)[None, :]).ravel()
+        clock_of = rep(np.where(shared[sel], rank[sel], -1)) if shared is not None else None
+        key, b, nb = bin_intervals(keys, rep(start[sel]), rep(end[sel]), share[sel].ravel(), bin_ps,
                                    clock_of=clock_of, clock=clock)
-    keep = nbytes > 0
-    key, b, nbytes = key[keep], b[keep], nbytes[keep]
+        keep = nb > 0
+        parts.append((key[keep].astype(np.int64) + lo * stacks, b[keep], nb[keep]))
+    key, b, nbytes = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    del parts
     die, stack = key // stacks, key % stacks
     order = np.lexsort((stack, b, die))  # by die, bin, stack: the stacks of a (die, bin) side by side
     die, stack, b, nbytes = die[order], stack[order], b[order], nbytes[order]
