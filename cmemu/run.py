@@ -551,13 +551,15 @@ def run_trace(
     record = detail == "packets"
     engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps,
                       record_packets=record)
+    op_start, op_end = np.asarray(engine.op_start_ps), np.asarray(engine.op_end_ps)
+    engine.release()  # its run state: the rest of the results are built without it
     full = RunResult(
         spec=spec,
         topology=topo,
         trace=trace,
         lowered=lowered,
-        op_start_ps=np.asarray(engine.op_start_ps),
-        op_end_ps=np.asarray(engine.op_end_ps),
+        op_start_ps=op_start,
+        op_end_ps=op_end,
         link_bytes=np.asarray(engine.link_bytes),
         link_busy_ps=np.asarray(engine.link_busy_ps),
         events=int(engine.events),

@@ -191,3 +191,23 @@ def test_decode_step_close_to_packets(tmp_path):
     assert message.fabric_bytes == packet.fabric_bytes
     with h5py.File(tmp_path / "m.h5") as f:
         assert f.attrs["fabric_model"] == "message"
+
+
+def test_release_keeps_the_results(mini):
+    # run_trace frees the engine's run state once the op times are read: what it reads after
+    # (deliveries, packets, link totals and series, HBM clock) is unchanged, and the engine
+    # refuses to run or to give op times again.
+    pairs = [(s, d) for s in range(0, 32, 5) for d in (1, 17) if s != d]
+    e = simulate(writes(mini, pairs, 9000), build_fabric(mini, model="message"), bin_ps=1_000_000)
+    before = (np.asarray(e.msg_delivered_ps).copy(), np.asarray(e.msg_packets), np.asarray(e.link_bytes),
+              e.link_series(), e.hbm_clock())
+    e.release()
+    assert np.array_equal(np.asarray(e.msg_delivered_ps), before[0])
+    assert np.array_equal(np.asarray(e.msg_packets), before[1])
+    assert np.array_equal(np.asarray(e.link_bytes), before[2])
+    assert all(np.array_equal(np.asarray(e.link_series()[k]), np.asarray(before[3][k])) for k in before[3])
+    assert all(np.array_equal(np.asarray(e.hbm_clock()[k]), np.asarray(before[4][k])) for k in before[4])
+    with pytest.raises(RuntimeError):
+        e.run()
+    with pytest.raises(RuntimeError):
+        e.op_start_ps

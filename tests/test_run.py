@@ -288,3 +288,11 @@ def test_cli_bad_override_exit_2(cli, tmp_path):
 def test_cli_missing_trace_exit_2(cli, tmp_path):
     proc = cli("run", tmp_path / "nope.json", check=False)
     assert proc.returncode == 2 and "nope.json" in proc.stderr
+
+
+def test_a_trace_without_nodes_runs(tmp_path):
+    # A JSONL trace cut after its header has no nodes: an empty run, not a crash in the lowering.
+    path = tmp_path / "empty.jsonl"
+    path.write_text(json.dumps({"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini"}) + "\n")
+    r = run_trace(path, progress=False, output=tmp_path / "e.h5")
+    assert r.sim_end_ps == 0 and r.lowered.num_ops == 0

@@ -240,7 +240,7 @@ cdef class Engine:
     cdef Event* act
     cdef int64_t act_head, act_len, act_cap
     cdef readonly int64_t now, events, n_ops, ops_done, max_pending, packets_sent, packets_live
-    cdef readonly bint past_event
+    cdef readonly bint past_event, released
     cdef int64_t kind_count[16]
     # Ops.
     cdef OpInfo* ops
@@ -638,6 +638,45 @@ cdef class Engine:
         free(self.ring)
         free(self.recs)
         free(self.hrec)
+
+    def release(self):
+        """Free what only the simulation needs, once the run is over and its op times have been
+        read: the per-op and per-message state, the event queue, the calendars and the packet
+        pool (gigabytes on a big run, while its results are built). Afterwards only
+        msg_delivered_ps, msg_packets, the link totals and series, hbm_clock and packet_records
+        can be read."""
+        cdef int64_t i
+        if self.released:
+            return
+        self.released = True
+        free(self.ops)
+        self.ops = NULL
+        for i in range(self.n_links):
+            free(self.lk[i].cal)
+            self.lk[i].cal = NULL
+            self.lk[i].cal_lo = self.lk[i].cal_n = self.lk[i].cal_cap = 0
+        for i in range(self.ep_qhead.shape[0]):
+            free(self.sk[i].cal)
+            self.sk[i].cal = NULL
+            free(self.ack_heap[i])
+            self.ack_heap[i] = NULL
+            self.ack_len[i] = self.ack_cap[i] = 0
+        for i in range(WHEEL_SIZE):
+            free(self.wheel[i].ev)
+            self.wheel[i].ev = NULL
+            self.wheel[i].n = self.wheel[i].cap = 0
+        free(self.heap)
+        free(self.fifo)
+        free(self.act)
+        free(self.pkts)
+        self.heap = self.fifo = self.act = NULL
+        self.pkts = NULL
+        self.heap_len = self.fifo_len = self.act_len = self.act_head = self.wheel_count = 0
+        self.op_left = self.op_tmax = self.op_target = self.op_hend = None
+        self.op_hnext = self.op_hprev = self.op_qnext = None
+        self.op_mptr = self.op_midx = None
+        self.msg_seq = self.msg_left = self.msg_qnext = None
+        self.recv_waiting = None
 
     # -- the event queue -----------------------------------------------------------------
     cdef int push(self, int64_t time, int32_t kind, int32_t a) except -1:
@@ -1913,6 +1952,8 @@ cdef class Engine:
         """
         cdef Event ev
         cdef int64_t budget = max_events
+        if self.released:
+            raise RuntimeError("this engine's run state was released")
         while self.queued_events() > 0 and budget != 0:
             ev = self.next_event()
             self.now = ev.time
@@ -1976,6 +2017,8 @@ cdef class Engine:
 
     @property
     def op_start_ps(self):
+        if self.ops == NULL:
+            raise RuntimeError("this engine's run state was released")
         out = np.empty(self.n_ops, dtype=np.int64)
         cdef int64_t[::1] v = out
         cdef int64_t i
@@ -1985,6 +2028,8 @@ cdef class Engine:
 
     @property
     def op_end_ps(self):
+        if self.ops == NULL:
+            raise RuntimeError("this engine's run state was released")
         out = np.empty(self.n_ops, dtype=np.int64)
         cdef int64_t[::1] v = out
         cdef int64_t i

@@ -893,6 +893,9 @@ class Engine:
             handlers[kind](self, a)
         return not heap
 
+    def release(self):
+        """Engine.release: the reference keeps its state (it is for small runs)."""
+
     @property
     def pending(self):
         return len(self.heap)

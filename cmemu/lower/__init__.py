@@ -194,7 +194,7 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     count = np.array([len(r) for r in pipes], dtype=np.int64)[shape]
     ops = np.repeat(np.arange(n), count)
     flat = np.array([row for r in pipes for row in r], dtype=np.int64).reshape(-1, 2)
-    start = np.concatenate([[0], np.cumsum([len(r) for r in pipes])])[:-1]
+    start = np.concatenate([[0], np.cumsum([len(r) for r in pipes], dtype=np.int64)])[:-1].astype(np.int64)
     local = np.arange(ops.size) - np.repeat(np.cumsum(count) - count, count)
     src = np.repeat(start[shape], count) + local
     rows = (ops, flat[src, 0], flat[src, 1])
