@@ -220,6 +220,17 @@ cdef inline int64_t serialisation_ps(int64_t nbytes, int64_t rate_byte_per_s) no
     return <int64_t>(num / rate_byte_per_s)
 
 
+cdef object rows_copy(const int64_t* buf, int64_t n, int64_t width):
+    """A numpy copy (int64 [n, width]) of n rows of a C buffer of records."""
+    out = np.empty((n, width), dtype=np.int64)
+    cdef int64_t[:, ::1] o = out
+    cdef int64_t i, j
+    for i in range(n):
+        for j in range(width):
+            o[i, j] = buf[width * i + j]
+    return out
+
+
 def serialisation_time_ps(nbytes, rate_byte_per_s):
     """Python access to the kernel's serialisation rule (used by the reference and tests)."""
     return serialisation_ps(nbytes, rate_byte_per_s)
@@ -1234,13 +1245,7 @@ cdef class Engine:
         cdef int64_t link
         for link in range(self.n_links):
             self.series_flush(<int32_t>link, -1)
-        out = np.empty((self.series_len, 4), dtype=np.int64)
-        cdef int64_t[:, ::1] o = out
-        cdef int64_t i, j
-        for i in range(self.series_len):
-            for j in range(4):
-                o[i, j] = self.series[4 * i + j]
-        return merge_link_series(self.bin_ps, out)
+        return merge_link_series(self.bin_ps, rows_copy(self.series, self.series_len, 4))
 
     # -- link arbitration ------------------------------------------------------------------
     cdef inline int64_t next_voq(self, int32_t link, int64_t start, int64_t n) noexcept nogil:
@@ -1477,12 +1482,7 @@ cdef class Engine:
         """Each die's HBM clock (see hbm_join): after every change of the die's demand, the
         time, the clock's value and the demand (bytes/s), in time order; and each die's capacity.
         Between two records the clock runs at min(1, capacity / demand)."""
-        out = np.empty((self.hrec_len, 4), dtype=np.int64)
-        cdef int64_t[:, ::1] o = out
-        cdef int64_t i, j
-        for i in range(self.hrec_len):
-            for j in range(4):
-                o[i, j] = self.hrec[4 * i + j]
+        out = rows_copy(self.hrec, self.hrec_len, 4)
         return {"die": out[:, 0].astype(np.int32), "t_ps": out[:, 1].copy(), "clock_ps": out[:, 2].copy(),
                 "demand": out[:, 3].copy(), "capacity": np.asarray(self.hbm_cap).copy()}
 
