@@ -51,9 +51,11 @@ cdef extern from *:
     """
     typedef __int128 cm_int128;
     static inline int cm_ctz64(unsigned long long x) { return __builtin_ctzll(x); }
+    static inline void cm_prefetch(const void* p) { __builtin_prefetch(p, 1, 3); }
     """
     ctypedef long long cm_int128
     int cm_ctz64(unsigned long long x) noexcept nogil
+    void cm_prefetch(const void* p) noexcept nogil
 
 # Op kinds (must match cmemu.lower.OP_KIND_*).
 cdef enum:
@@ -123,32 +125,30 @@ cdef extern from "<stdlib.h>":
 
 
 cdef struct LinkInfo:
-    # The first 64 bytes are what every transmission and arrival touches.
+    # The first 64 bytes are what every transmission touches on either fabric: its timing, its
+    # counters, and the calendar the message-level fabric reserves in (one line per hop there).
     int64_t busy_until
     int64_t rate
     int64_t lat
+    int64_t bytes
+    int64_t busy
+    int64_t cur_bin   # the first of its open time bins (count_transmission), -1: none
+    # The busy intervals message-level packets reserved: (start, end) pairs, sorted and disjoint,
+    # cal[0: 2 * cal_n]; those that ended by now are dropped when it is full (see cal_reserve).
+    int64_t* cal
+    int32_t cal_n
+    int32_t cal_cap   # int64s allocated
+    # The packet fabric's queues and wake-ups.
     int64_t voq_base
     int64_t mask_base
+    int64_t free_at   # the earliest pending on_link_free (-1: none)
     int32_t queued
     int32_t rr
     int32_t in_slot
     int32_t voq_slots
     uint8_t alive
     uint8_t own_queue  # its far end keeps a queue per input link (fabric.link_own_queue)
-    uint8_t pad0[6]
-    # Counters, and what the message-level fabric reads.
-    int64_t bytes
-    int64_t busy
-    int64_t cur_bin   # the first of its open time bins (count_transmission), -1: none
-    int64_t free_at   # the earliest pending on_link_free (-1: none)
-    int64_t pad2
-    # The busy intervals message-level packets reserved: (start, end) pairs, sorted and disjoint,
-    # cal[2 * cal_lo: 2 * cal_n] (see cal_take); cal_cap int64s allocated.
-    int64_t* cal
-    int32_t cal_lo
-    int32_t cal_n
-    int32_t cal_cap
-    int32_t pad1
+    uint8_t pad[22]
 
 
 cdef struct Packet:
@@ -343,6 +343,8 @@ cdef class Engine:
     cdef LinkInfo* lk  # per link, what a transmission reads and writes
     cdef LinkInfo* sk  # per endpoint with a sink rate, the sink's calendar (message-level fabric)
     cdef int64_t n_links
+    cdef int64_t[::1] link_ack      # an ack's serialisation and latency on the link (ack_trip)
+    cdef uint8_t[::1] link_ack_path  # the path it was worked out for, plus one (0: not yet)
     # Routing tables.
     cdef const int32_t[::1] t_ep_up
     cdef const int32_t[::1] t_ep_down
@@ -495,6 +497,8 @@ cdef class Engine:
 
         n_links = F.link_rate_byte_per_s.shape[0]
         self.n_links = n_links
+        self.link_ack = np.zeros(n_links, dtype=np.int64)
+        self.link_ack_path = np.zeros(n_links, dtype=np.uint8)
         self.fail_time = F.fail_time_ps
         self.fail_ptr = F.fail_ptr
         self.fail_links = F.fail_links
@@ -537,7 +541,6 @@ cdef class Engine:
             self.lk[i].voq_slots = vslots[i]
             self.lk[i].free_at = -1
             self.lk[i].cal = NULL
-            self.lk[i].cal_lo = 0
             self.lk[i].cal_n = 0
             self.lk[i].cal_cap = 0
             self.lk[i].alive = alive[i]
@@ -665,7 +668,7 @@ cdef class Engine:
         for i in range(self.n_links):
             free(self.lk[i].cal)
             self.lk[i].cal = NULL
-            self.lk[i].cal_lo = self.lk[i].cal_n = self.lk[i].cal_cap = 0
+            self.lk[i].cal_n = self.lk[i].cal_cap = 0
         for i in range(self.ep_qhead.shape[0]):
             free(self.sk[i].cal)
             self.sk[i].cal = NULL
@@ -1559,17 +1562,38 @@ cdef class Engine:
         a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
         one write latency later (write_absorbed)."""
         cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m], d = self.msg_dst[m]
-        cdef int hop = 0
-        cdef int64_t wire = self.pkts[p].wire, ser, rate
-        while link >= 0:
-            ser = serialisation_ps(wire, self.lk[link].rate)
+        cdef int32_t links[8]
+        cdef int hop = 0, n = 0, path = self.msg_path[m]
+        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0
+        cdef LinkInfo* L
+        # Its links are known before any is reserved: fetch their lines (and their calendars'
+        # ends, and the open counter bin of its issue time) together rather than one hop after
+        # another; what a hop reads is then mostly in cache.
+        while link >= 0 and n < 8:
+            links[n] = link
+            cm_prefetch(&self.lk[link])
+            n += 1
+            link = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, n)
+        if link >= 0:
+            raise ValueError("a path of more than 8 links")
+        if self.bin_ps > 0:
+            b = 2 * ((t // self.bin_ps) % RING)
+        for hop in range(n):
+            L = &self.lk[links[hop]]
+            if L.cal_n > 0:
+                cm_prefetch(L.cal + 2 * L.cal_n - 2)
+            if self.bin_ps > 0:
+                cm_prefetch(self.ring + <int64_t>links[hop] * RING * 2 + b)
+        for hop in range(n):
+            link = links[hop]
+            if self.lk[link].rate != rate:  # the links of a path mostly have one rate
+                rate = self.lk[link].rate
+                ser = serialisation_ps(wire, rate)
             t = self.cal_take(link, t, ser, wire)
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
-            self.packets_sent += 1
             t += self.lk[link].lat
-            hop += 1
-            link = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, hop)
+        self.packets_sent += n
         rate = self.ep_sink_rate[d]
         if rate > 0:  # the sink takes it in its idle time too
             ser = serialisation_ps(self.pkts[p].payload, rate)
@@ -1598,17 +1622,25 @@ cdef class Engine:
             self.acked(m)
         return 0
 
-    cdef inline int64_t cal_gap(self, LinkInfo* L, int64_t lo, int64_t n, int64_t* t, int64_t need) noexcept nogil:
+    cdef inline int64_t cal_gap(self, LinkInfo* L, int64_t n, int64_t* t, int64_t need) noexcept nogil:
         """The first idle stretch of L's calendar at or after *t that holds ``need`` ps: moves *t
-        to its start and returns the interval it ends at (n: none)."""
+        to its start and returns the interval it ends at (n: none). Most packets come after the
+        last interval or during it, so those two are looked at before a binary search."""
         cdef int64_t* c = L.cal
-        cdef int64_t i = lo, hi = n, mid
-        while i < hi:  # the first interval that ends after t
-            mid = (i + hi) >> 1
-            if c[2 * mid + 1] > t[0]:
-                hi = mid
-            else:
-                i = mid + 1
+        cdef int64_t i, hi, mid
+        if n == 0 or c[2 * n - 1] <= t[0]:
+            return n  # after them all: nothing to look through
+        if n == 1 or c[2 * n - 3] <= t[0]:
+            i = n - 1  # the first interval that ends after t is the last one
+        else:
+            i = 0
+            hi = n - 1
+            while i < hi:  # the first interval that ends after t
+                mid = (i + hi) >> 1
+                if c[2 * mid + 1] > t[0]:
+                    hi = mid
+                else:
+                    i = mid + 1
         while i < n and c[2 * i] < t[0] + need:
             if c[2 * i + 1] > t[0]:
                 t[0] = c[2 * i + 1]
@@ -1617,7 +1649,7 @@ cdef class Engine:
 
     cdef inline int64_t cal_find(self, LinkInfo* L, int64_t t, int64_t need) noexcept nogil:
         """When something there at t would start (cal_reserve without reserving)."""
-        self.cal_gap(L, L.cal_lo, L.cal_n, &t, need)
+        self.cal_gap(L, L.cal_n, &t, need)
         return t
 
     cdef int64_t cal_reserve(self, LinkInfo* L, int64_t t, int64_t need) except -1:
@@ -1625,19 +1657,14 @@ cdef class Engine:
         t: the first idle stretch at or after t long enough to hold it (a packet goes out
         whole). Stretches between the intervals reserved before may be used, so the link is not
         left idle while a packet that has arrived waits behind one reserved earlier for a later
-        time. Returns when it starts."""
+        time. Returns when it starts. Intervals that ended by now are of no more use (every
+        packet comes at now or later): they are dropped when the calendar is full."""
         cdef int64_t* c = L.cal
-        cdef int64_t lo = L.cal_lo, n = L.cal_n, i
+        cdef int64_t n = L.cal_n, i, k, hi, mid
         cdef int64_t* grown
-        while lo < n and c[2 * lo + 1] <= self.now:  # past intervals are of no more use
-            lo += 1
-        if lo > 0 and 2 * lo >= n:
-            memmove(c, c + 2 * lo, (n - lo) * 2 * sizeof(int64_t))
-            n -= lo
-            lo = 0
-        i = self.cal_gap(L, lo, n, &t, need)
+        i = self.cal_gap(L, n, &t, need)
         # [t, t + need) goes in before interval i, joining its neighbours where it touches them.
-        if i > lo and c[2 * i - 1] == t:
+        if i > 0 and c[2 * i - 1] == t:
             c[2 * i - 1] = t + need
             if i < n and c[2 * i] == t + need:
                 c[2 * i - 1] = c[2 * i + 1]
@@ -1647,17 +1674,30 @@ cdef class Engine:
             c[2 * i] = t
         else:
             if n * 2 + 2 > L.cal_cap:
-                L.cal_cap = 16 if L.cal_cap == 0 else 2 * L.cal_cap
-                grown = <int64_t*>realloc(c, L.cal_cap * sizeof(int64_t))
-                if grown == NULL:
-                    raise MemoryError("link calendar")
-                c = grown
-                L.cal = c
+                k = 0  # the first interval that ends after now (they all end after t if i < n)
+                hi = i
+                while k < hi:
+                    mid = (k + hi) >> 1
+                    if c[2 * mid + 1] > self.now:
+                        hi = mid
+                    else:
+                        k = mid + 1
+                if k > 0:
+                    memmove(c, c + 2 * k, (n - k) * 2 * sizeof(int64_t))
+                    n -= k
+                    i -= k
+                if n * 2 + 2 > L.cal_cap or 4 * n < L.cal_cap and L.cal_cap > 64:
+                    # Grow; or shrink, once most of it had ended (a link busy only for a while).
+                    L.cal_cap = 16 if L.cal_cap == 0 else (2 * L.cal_cap if n * 2 + 2 > L.cal_cap else L.cal_cap // 2)
+                    grown = <int64_t*>realloc(c, L.cal_cap * sizeof(int64_t))
+                    if grown == NULL:
+                        raise MemoryError("link calendar")
+                    c = grown
+                    L.cal = c
             memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
             c[2 * i] = t
             c[2 * i + 1] = t + need
             n += 1
-        L.cal_lo = <int32_t>lo
         L.cal_n = <int32_t>n
         return t
 
@@ -1849,12 +1889,16 @@ cdef class Engine:
         """An ack's trip from write m's destination back to its source, on an idle path."""
         cdef int32_t link
         cdef int path = self.msg_path[m], hop = 0
-        cdef int64_t total = 0, wire = self.wire_bytes(path, PKT_ACK, 0)
+        cdef int64_t total = 0
         while True:
             link = self.route_link(path, self.msg_dst[m], self.msg_src[m], plane, uplink, hop)
             if link < 0:
                 return total
-            total += serialisation_ps(wire, self.lk[link].rate) + self.lk[link].lat
+            if self.link_ack_path[link] != path + 1:  # an ack's time on it, worked out once per path
+                self.link_ack_path[link] = path + 1
+                self.link_ack[link] = (serialisation_ps(self.wire_bytes(path, PKT_ACK, 0), self.lk[link].rate)
+                                       + self.lk[link].lat)
+            total += self.link_ack[link]
             hop += 1
 
     cdef int on_sink_done(self, int32_t p) except -1:
