@@ -203,45 +203,55 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
 
 def lower(trace, topo: Topology) -> Lowered:
     """Lower a validated trace (``cmemu.trace.Trace``) onto a topology."""
-    from cmemu.lower.collectives import collective_instances, lower_collective
-    from cmemu.trace import match_messages
+    from cmemu.lower.builder import OP_DEFAULTS, Block, assemble, edge_block
+    from cmemu.lower.collectives import collective_blocks
 
     die = topo.spec.die
     nodes = trace.nodes
     n = len(nodes)
     index = dict(zip(map(attrgetter("id"), nodes), range(n)))
     cols, (pipe_op, pipe_code, pipe_busy), names = _node_columns(trace, die)
-
-    b = OpBuilder()
-    b.names = names
     rank, stream = cols["rank"], cols["stream"]
-    b.ops(n, **cols)
-    del cols
-    for send_id, recv_id in match_messages(trace):
-        s, r = index[send_id], index[recv_id]
-        send = nodes[s]
-        b.messages_between(topo, send.rank, nodes[r].rank, int(send.attrs["comm_size"]), s, r,
-                           plane=send.attrs.get("cmemu.plane", "ub"))
+    messages = _trace_messages(trace, topo, rank)
+    empty = np.zeros(0, dtype=np.int32)
+    head = Block(0, n, {**OP_DEFAULTS, **cols}, empty, empty, messages, empty, empty)
+    del cols, messages
 
     # A collective's node is its exit; its dependencies lead to an entry op instead.
-    entry = {}
-    for members in collective_instances(trace):
-        entry.update(lower_collective(b, topo, trace, [index[m] for m in members]))
+    parts, members, entries = collective_blocks(topo, trace, index, n)
+    to = np.arange(n)
+    to[members] = entries
 
     # Edges pred -> succ: data deps, control deps and stream order.
-    to = np.arange(n)
-    if entry:
-        to[list(entry)] = list(entry.values())
     src, dst = _trace_edges(nodes, index, rank, stream)
-    b.edges(src, to[dst])
+    ops = n + sum(block.n_ops for block, _ in parts)
+    parts = [(head, None), *parts, (edge_block(ops, src, to[dst]), None)]
+    del head, src, dst, to
     dies = topo.num_dies
-    lowered = b.build(dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores), num_trace_ops=n)
+    lowered = assemble(parts, names, dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores),
+                       num_trace_ops=n)
     lowered.die_hbm_byte_per_s = np.full(dies, hbm_capacity_byte_per_s(die), dtype=np.int64)
     if pipe_op.size:
         lowered.pipe_task_op = pipe_op.astype(np.int32)
         lowered.pipe_task_pipe = pipe_code.astype(np.uint8)
         lowered.pipe_task_busy_ps = pipe_busy
     return lowered
+
+
+def _trace_messages(trace, topo, rank) -> dict:
+    """The trace's own messages (matched COMM_SEND/COMM_RECV pairs, in the sends' file order) as
+    Lowered.msg_* arrays: each carried by its send and its receive op."""
+    from cmemu.lower.comm import PLANES
+    from cmemu.trace.ir import message_pairs
+
+    nodes = trace.nodes
+    pairs = np.array(message_pairs(trace), dtype=np.int64).reshape(-1, 2)
+    send, recv = pairs[:, 0], pairs[:, 1]
+    attrs = [nodes[i].attrs for i in send.tolist()]
+    table = MessageTable()
+    table.add_many(topo, rank[send], rank[recv], np.array([a["comm_size"] for a in attrs], dtype=np.int64), send,
+                   recv, plane=np.array([PLANES.index(a.get("cmemu.plane", "ub")) for a in attrs], dtype=np.int64))
+    return table.arrays()
 
 
 def _trace_edges(nodes, index, rank, stream) -> tuple[np.ndarray, np.ndarray]:

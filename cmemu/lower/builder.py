@@ -1,16 +1,26 @@
-"""OpBuilder: the one way lowering code creates engine ops, edges and messages.
+"""OpBuilder and Block: how lowering code creates engine ops, edges and messages, and how they
+become the engine's arrays.
 
-Ops are added one or many at a time (columns as scalars or numpy arrays) straight into growing
-columns (``comm.Columns``), so that collectives with hundreds of thousands of internal ops lower
-at numpy speed and ``build()`` hands the columns over without copying them. Trace nodes come first (op i is node i of the file); ops a lowering adds for a node's
-internal work (a collective's loads, sends, flags) come after, with ``parent`` naming the trace
-op they belong to and ``lane`` the pipe or engine that does them (cmemu.output.schema.PIPE_NAMES).
+An ``OpBuilder`` takes ops one or many at a time (columns as scalars or numpy arrays), edges and
+messages, into growing columns (``comm.Columns``), so that a collective with hundreds of
+thousands of internal ops lowers at numpy speed. What it holds is a ``Block``: ops numbered from
+the builder's ``base``, and the edges and messages between them. A block that names, beside its
+own ops, only given *member* ops (a collective's: its members' trace ops) can be placed again
+at another base for other members: a collective lowered once is copied, not lowered again, for
+every later collective of the same shape (the 236 MoE collectives of a 61-layer DeepSeek-R1
+decode step are four shapes).
+
+``assemble`` lays blocks one after the other into arrays of their exact total size (no
+growing, no second copy) and builds the per-op lists (``cmemu.lower.csr``). Trace nodes come
+first (op i is node i of the file); ops a lowering adds for a node's internal work (a
+collective's loads, sends, flags) come after, with ``parent`` naming the trace op they belong to
+and ``lane`` the pipe or engine that does them (cmemu.output.schema.PIPE_NAMES).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cmemu.lower.comm import Columns, MessageTable
+from cmemu.lower.comm import MSG_COLUMNS, Columns, MessageTable
 from cmemu.lower.fabric import MSG_WRITE
 
 _COLUMNS = {
@@ -31,10 +41,12 @@ _COLUMNS = {
     "parent": (np.int32, -1),
     "lane": (np.int8, -1),
 }
+OP_DEFAULTS = {name: default for name, (_, default) in _COLUMNS.items()}
 
 
 class OpBuilder:
-    def __init__(self):
+    def __init__(self, base: int = 0):
+        self.base = base  # the id of the first op it adds
         self._ops = Columns({name: dtype for name, (dtype, _) in _COLUMNS.items()},
                             {name: default for name, (_, default) in _COLUMNS.items()})
         self._edges = Columns({"src": np.int32, "dst": np.int32})  # op ids are int32, as the engine reads them
@@ -44,8 +56,8 @@ class OpBuilder:
 
     @property
     def n(self) -> int:
-        """Ops added so far."""
-        return self._ops.n
+        """The id of the next op (ops added so far, after ``base``)."""
+        return self.base + self._ops.n
 
     def ops(self, count: int, **cols) -> np.ndarray:
         """Add ``count`` ops; each column is a scalar or an array of that length. Returns their indices."""
@@ -75,69 +87,176 @@ class OpBuilder:
         self.messages.add_many(topo, src, np.broadcast_to(dst, (n,)), np.broadcast_to(nbytes, (n,)),
                                send_op, recv_op, kind=kind, plane=plane)
 
-    def build(self, n_resources: int, die_aic, die_aiv, num_trace_ops: int):
-        """The engine's arrays (``Lowered``). The builder is empty afterwards: its columns become
-        the result's arrays, without a copy."""
-        from cmemu.lower import Lowered
-
-        n = self.n
-        messages = self.messages.arrays()
-        self.messages = None
-        cols = self._ops.take()
-        msg = cols.pop("msg")
-        # An op that carries messages and was not given one names one of them (the last), a
-        # block of messages at a time (no temporaries the size of the whole table).
-        block = 1 << 22
-        for key in ("msg_send_op", "msg_recv_op"):
-            ops = messages[key]
-            free = msg < 0  # before this pass
-            for lo in range(0, ops.size, block):
-                part = ops[lo:lo + block]
-                if part.max() < 0:
-                    continue  # no op carries these (a collective's writes have no receive op)
-                has = (part >= 0) & (part < n)
-                has[has] = free[part[has]]
-                at = np.flatnonzero(has)
-                msg[part[at]] = (lo + at).astype(np.int32)
-            del free
+    def block(self, members=None) -> "Block":
+        """What was added, as a block (the builder is empty afterwards). With ``members``, the
+        block may name those ops beside its own, and can be placed at any base (``Block``)."""
+        ops = self._ops.take()
         edges = self._edges.take()
-        src, dst = edges.pop("src"), edges.pop("dst")
-        succ_ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-        if src.size:
-            # Grouped by source for the CSR lists. A repeated edge is harmless: it is counted in
-            # the successor's predecessors and released as often.
-            order = np.argsort(src, kind="stable")
-            del src
-            dst = dst[order]
-            del order
-        report = np.full(n, -1, dtype=np.int32)
-        for op, start_from in self.report_start.items():
-            report[op] = start_from
-        return Lowered(
-            op_kind=cols["kind"],
-            op_dur_ps=cols["dur"],
-            op_lat_ps=cols["lat"],
-            op_res=cols["res"],
-            op_msg=msg,
-            op_npred=np.bincount(dst, minlength=n).astype(np.int32),
-            op_aic=cols["aic"],
-            op_aiv=cols["aiv"],
-            die_aic_cores=np.asarray(die_aic, dtype=np.int32),
-            die_aiv_cores=np.asarray(die_aiv, dtype=np.int32),
-            succ_ptr=succ_ptr,
-            succ_idx=dst,
-            **messages,
-            n_resources=n_resources,
-            op_node_id=cols["node_id"],
-            op_type=cols["type"],
-            op_rank=cols["rank"],
-            op_stream=cols["stream"],
-            op_bytes=cols["nbytes"],
-            op_hbm_bytes=cols["hbm"],
-            op_name=self.names,
-            op_parent=cols["parent"],
-            op_lane=cols["lane"],
-            op_report_start=report,
-            num_trace_ops=num_trace_ops,
-        )
+        report = np.array(list(self.report_start.items()), dtype=np.int64).reshape(-1, 2)
+        block = Block(self.base, self._ops.n, ops, edges["src"], edges["dst"], self.messages.arrays(),
+                      report[:, 0], report[:, 1], members)
+        self.messages = None
+        return block
+
+    def build(self, n_resources: int, die_aic, die_aiv, num_trace_ops: int):
+        """The engine's arrays (``Lowered``) of what was added (from op 0); the builder is empty
+        afterwards."""
+        if self.base:
+            raise ValueError("only a builder whose ops start at 0 builds a lowering of its own")
+        return assemble([(self.block(), None)], self.names, n_resources, die_aic, die_aiv, num_trace_ops)
+
+
+class _Ids:
+    """Op ids held by a block (in the parent column, edges, messages, report starts) in a form
+    that moves: an id of the block's own ops relative to its first op, an id of a member op by
+    its number among the members, -1 kept."""
+
+    def __init__(self, ids, base: int, n_ops: int, members):
+        ids = np.asarray(ids, dtype=np.int64)
+        own = (ids >= base) & (ids < base + n_ops)
+        self.rel = np.where(own, ids - base, ids).astype(np.int32)
+        self.own = None if own.all() else own  # None: every id is the block's own
+        self.ext_at = np.flatnonzero(~own & (ids >= 0))
+        names = ids[self.ext_at]
+        if names.size:
+            order = np.argsort(members)
+            known = members[order]
+            at = np.minimum(np.searchsorted(known, names), max(known.size - 1, 0))
+            found = known[at] == names if known.size else np.zeros(names.size, dtype=bool)
+            if not found.all():
+                raise RuntimeError(f"a lowered block names op {int(names[~found][0])}, neither its own nor a member's")
+            self.ext_member = order[at]
+
+    def write(self, out, base: int, members) -> None:
+        """The ids for the block placed at ``base`` with these members, into ``out``."""
+        if self.own is None:
+            np.add(self.rel, base, out=out)
+        else:
+            out[:] = self.rel
+            np.add(out, base, out=out, where=self.own)
+        if self.ext_at.size:
+            out[self.ext_at] = members[self.ext_member]
+
+
+class Block:
+    """Ops numbered from ``base``, with their edges, messages and report starts (``OpBuilder``).
+
+    Without members, its ids are final: it is placed at its own base. With members (an array of
+    op ids), it may be placed at any base and for other members of the same number: its own ops
+    move with the base, a member's op becomes the other's in the same place, -1 stays.
+    """
+
+    def __init__(self, base, n_ops, ops, edge_src, edge_dst, messages, report_op, report_start, members=None):
+        self.base, self.n_ops = base, n_ops
+        self.ops = ops  # column -> array [n_ops]
+        self.messages = messages  # Lowered.msg_* arrays
+        self.n_edges, self.n_messages = int(edge_src.shape[0]), int(messages["msg_src"].shape[0])
+        self.n_reports = int(report_op.shape[0])
+        self.names_messages = bool(np.any(ops["msg"] >= 0))  # ids of its own messages (0 = its first)
+        self.members = None if members is None else np.asarray(members, dtype=np.int64)
+        if self.members is None:
+            self.ids = {"parent": ops["parent"], "src": edge_src, "dst": edge_dst,
+                        "msg_send_op": messages["msg_send_op"], "msg_recv_op": messages["msg_recv_op"],
+                        "report_op": report_op, "report_start": report_start}
+        else:
+            self.ids = {"parent": _Ids(ops["parent"], base, n_ops, self.members),
+                        "src": _Ids(edge_src, base, n_ops, self.members),
+                        "dst": _Ids(edge_dst, base, n_ops, self.members),
+                        "msg_send_op": _Ids(messages["msg_send_op"], base, n_ops, self.members),
+                        "msg_recv_op": _Ids(messages["msg_recv_op"], base, n_ops, self.members),
+                        "report_op": _Ids(report_op, base, n_ops, self.members),
+                        "report_start": _Ids(report_start, base, n_ops, self.members)}
+
+    def place(self, key: str, out, base: int, members) -> None:
+        ids = self.ids[key]
+        if isinstance(ids, _Ids):
+            ids.write(out, base, members)
+        else:
+            if base != self.base:
+                raise RuntimeError(f"a block of ops from {self.base} placed at {base}")
+            out[:] = ids
+
+
+def edge_block(base: int, src, dst) -> Block:
+    """A block of edges only (between ops placed before it)."""
+    empty = np.zeros(0, dtype=np.int32)
+    ops = {name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _COLUMNS.items()}
+    messages = {name: np.zeros(0, dtype=dtype) for name, dtype in MSG_COLUMNS.items()}
+    return Block(base, 0, ops, np.asarray(src, dtype=np.int32), np.asarray(dst, dtype=np.int32), messages, empty,
+                 empty)
+
+
+def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: int):
+    """The engine's arrays (``Lowered``) of blocks laid one after the other: ``parts`` is a list
+    of (block, members), members None for a block placed as it is (and emptied: a block is
+    dropped once placed for the last time). The arrays are allocated at their final size and
+    filled block by block."""
+    from cmemu.lower import Lowered
+    from cmemu.lower.csr import name_messages, successor_csr
+
+    n = sum(b.n_ops for b, _ in parts)
+    m = sum(b.n_messages for b, _ in parts)
+    e = sum(b.n_edges for b, _ in parts)
+    cols = {name: np.empty(n, dtype=dtype) for name, (dtype, _) in _COLUMNS.items()}
+    msgs = {name: np.empty(m, dtype=dtype) for name, dtype in MSG_COLUMNS.items()}
+    src, dst = np.empty(e, dtype=np.int32), np.empty(e, dtype=np.int32)
+    report = np.full(n, -1, dtype=np.int32)
+    op_lo = msg_lo = edge_lo = 0
+    parts.reverse()
+    while parts:
+        block, members = parts.pop()
+        op_hi, msg_hi, edge_hi = op_lo + block.n_ops, msg_lo + block.n_messages, edge_lo + block.n_edges
+        for name, col in cols.items():
+            if name == "parent":
+                block.place("parent", col[op_lo:op_hi], op_lo, members)
+            elif name == "msg" and block.names_messages:  # ids of its own messages
+                np.add(block.ops["msg"], msg_lo, out=col[op_lo:op_hi], where=block.ops["msg"] >= 0)
+                col[op_lo:op_hi][block.ops["msg"] < 0] = -1
+            else:
+                col[op_lo:op_hi] = block.ops[name]
+        for name, col in msgs.items():
+            if name in ("msg_send_op", "msg_recv_op"):
+                block.place(name, col[msg_lo:msg_hi], op_lo, members)
+            else:
+                col[msg_lo:msg_hi] = block.messages[name]
+        block.place("src", src[edge_lo:edge_hi], op_lo, members)
+        block.place("dst", dst[edge_lo:edge_hi], op_lo, members)
+        if block.n_reports:
+            where, start = np.empty(block.n_reports, dtype=np.int64), np.empty(block.n_reports, dtype=np.int64)
+            block.place("report_op", where, op_lo, members)
+            block.place("report_start", start, op_lo, members)
+            report[where] = start
+        op_lo, msg_lo, edge_lo = op_hi, msg_hi, edge_hi
+        del block
+    msg = cols.pop("msg")
+    # An op that carries messages and was not given one names one of them (cmemu.lower.csr).
+    name_messages(msg, msgs["msg_send_op"], msgs["msg_recv_op"])
+    succ_ptr, succ_idx, npred = successor_csr(src, dst, n)
+    del src, dst
+    return Lowered(
+        op_kind=cols["kind"],
+        op_dur_ps=cols["dur"],
+        op_lat_ps=cols["lat"],
+        op_res=cols["res"],
+        op_msg=msg,
+        op_npred=npred,
+        op_aic=cols["aic"],
+        op_aiv=cols["aiv"],
+        die_aic_cores=np.asarray(die_aic, dtype=np.int32),
+        die_aiv_cores=np.asarray(die_aiv, dtype=np.int32),
+        succ_ptr=succ_ptr,
+        succ_idx=succ_idx,
+        **msgs,
+        n_resources=n_resources,
+        op_node_id=cols["node_id"],
+        op_type=cols["type"],
+        op_rank=cols["rank"],
+        op_stream=cols["stream"],
+        op_bytes=cols["nbytes"],
+        op_hbm_bytes=cols["hbm"],
+        op_name=names,
+        op_parent=cols["parent"],
+        op_lane=cols["lane"],
+        op_report_start=report,
+        num_trace_ops=num_trace_ops,
+    )

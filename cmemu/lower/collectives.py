@@ -145,6 +145,40 @@ class _Ctx:
         return self.vector_ps({"num_ops": 0, "tensor_size": int(nbytes), "cmemu.cores": int(cores)})
 
 
+def collective_blocks(topo, trace, index: dict, base: int):
+    """Every collective of the trace as a block of ops placed from op ``base`` on, in the order
+    of ``collective_instances``: the parts for ``builder.assemble`` (a block and the members'
+    trace ops), and the members' trace ops with each one's entry op.
+
+    A collective is lowered once per *shape*: its first member's attrs dict (the loader shares
+    one between equal nodes) and its ranks, all that its lowering reads. Later collectives of a
+    shape place the same block at their own base with their own members.
+    """
+    from cmemu.lower.builder import OpBuilder
+
+    nodes = trace.nodes
+    shapes = {}
+    parts, members, entries = [], [], []
+    for ids in collective_instances(trace):
+        ops = [index[i] for i in ids]
+        attrs = nodes[ops[0]].attrs
+        key = (id(attrs), tuple(nodes[i].rank for i in ops))
+        shape = shapes.get(key)
+        if shape is None:
+            b = OpBuilder(base)
+            entry = lower_collective(b, topo, trace, ops)
+            block = b.block(members=ops)
+            shape = shapes[key] = (block, np.array([entry[op] for op in ops], dtype=np.int64) - base, attrs)
+        block, entry_rel, _ = shape  # (the attrs dict kept alive: its id is in the key)
+        parts.append((block, np.array(ops, dtype=np.int64)))
+        members.append(ops)
+        entries.append(base + entry_rel)
+        base += block.n_ops
+    if not parts:
+        return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return parts, np.concatenate(members).astype(np.int64), np.concatenate(entries)
+
+
 def lower_collective(b, topo, trace, ops) -> dict:
     """Add the internal ops of one collective; returns {member's op: its entry op}."""
     ctx = _Ctx(b, topo, trace, ops)

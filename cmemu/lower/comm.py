@@ -18,6 +18,24 @@ _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")
 # Stored as the engine reads them (26 B a message: a big lowering holds millions).
 _DTYPES = {"src": np.int32, "dst": np.int32, "nbytes": np.int64, "kind": np.uint8, "path": np.uint8,
            "send_op": np.int32, "recv_op": np.int32}
+# The same as Lowered's message arrays, in their order.
+MSG_COLUMNS = {f"msg_{'bytes' if c == 'nbytes' else c}": _DTYPES[c] for c in _COLUMNS}
+PLANES = ("ub", "rdma", "vpc")  # cmemu.plane of a message, as a code (an index into this)
+
+
+def message_paths(topo: Topology, src, dst, plane):
+    """How each message src[i] -> dst[i] travels (fabric.PATH_*): the RDMA or VPC plane when its
+    ``plane`` (a code of PLANES) asks for it, else the die-to-die link between the two dies of
+    one NPU, else the UB fabric."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    dies = topo.num_dies
+    twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
+    path = np.where(twin, PATH_D2D, PATH_UB).astype(np.uint8)
+    plane = np.broadcast_to(np.asarray(plane), path.shape)
+    path[plane == PLANES.index("rdma")] = PATH_RDMA
+    path[plane == PLANES.index("vpc")] = PATH_VPC
+    return path
 
 
 class Columns:
@@ -88,32 +106,21 @@ class MessageTable:
             kind: int = MSG_WRITE) -> int:
         if src == dst:
             raise ValueError(f"a message from endpoint {src} to itself")
-        if plane == "rdma":
-            path = PATH_RDMA
-        elif plane == "vpc":
-            path = PATH_VPC
-        elif topo.is_twin(src, dst):
-            path = PATH_D2D
-        else:
-            path = PATH_UB
+        path = int(message_paths(topo, src, dst, PLANES.index(plane)))
         for c, v in zip(_COLUMNS, (src, dst, nbytes, kind, path, send_op, recv_op)):
             self._rows[c].append(int(v))
         self._n += 1
         return self._n - 1
 
     def add_many(self, topo: Topology, src, dst, nbytes, send_op, recv_op, kind: int = MSG_WRITE,
-                 plane: str = "ub") -> None:
-        """Add many messages at once (arrays of equal length); the same rules as ``add``."""
+                 plane="ub") -> None:
+        """Add many messages at once (arrays of equal length); the same rules as ``add``. ``plane``
+        is a plane's name, or per message a code of PLANES."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         if np.any(src == dst):
             raise ValueError("a message from an endpoint to itself")
-        dies = topo.num_dies
-        if plane in ("rdma", "vpc"):
-            path = PATH_RDMA if plane == "rdma" else PATH_VPC
-        else:
-            twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
-            path = np.where(twin, PATH_D2D, PATH_UB)
+        path = message_paths(topo, src, dst, PLANES.index(plane) if isinstance(plane, str) else plane)
         n = src.size
         self._flush()
         # Ids and sizes of ops and endpoints fit int32 (the engine's own types).
@@ -125,5 +132,4 @@ class MessageTable:
         """The messages as the engine's arrays (``Lowered.msg_*``); the table is empty afterwards."""
         self._flush()
         cols = self._cols.take()
-        return {f"msg_{'bytes' if c == 'nbytes' else c}": cols[c] for c in
-                ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")}
+        return {name: cols[c] for name, c in zip(MSG_COLUMNS, _COLUMNS)}

@@ -271,15 +271,19 @@ def stream_predecessors(trace: Trace) -> dict[int, int]:
 
 def match_messages(trace: Trace) -> list[tuple[int, int]]:
     """``(send_id, recv_id)`` of every message of a valid trace, in the sends' file order."""
-    msgs = []
     nodes = trace.nodes
-    for i, node in enumerate(nodes):
+    return [(nodes[s].id, nodes[r].id) for s, r in message_pairs(trace)]
+
+
+def message_pairs(trace: Trace) -> list[tuple[int, int]]:
+    """As ``match_messages``, by the nodes' places in the file instead of their ids."""
+    msgs = []
+    for i, node in enumerate(trace.nodes):
         if node.type == "COMM_SEND":
             msgs.append((True, i, node.rank, node.attrs["comm_dst"], node.attrs["comm_tag"]))
         elif node.type == "COMM_RECV":
             msgs.append((False, i, node.attrs["comm_src"], node.rank, node.attrs["comm_tag"]))
-    pairs, _, _ = _pair_messages(msgs)
-    return [(nodes[s].id, nodes[r].id) for s, r in pairs]
+    return _pair_messages(msgs)[0]
 
 
 def _pair_messages(msgs):

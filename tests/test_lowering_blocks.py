@@ -1,0 +1,152 @@
+"""Lowering in blocks: a collective lowered once per shape and placed again, arrays assembled at
+their final size, and the per-op lists built by Numba kernels (cmemu/lower/builder.py, csr.py).
+
+Each shortcut is checked against the plain way: every collective lowered on its own, and the
+numpy references of the kernels.
+"""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import cmemu.lower.collectives as collectives
+from cmemu.errors import TraceError
+from cmemu.lower import lower
+from cmemu.lower.builder import Block, OpBuilder, _Ids
+from cmemu.lower.csr import (
+    message_lists,
+    message_lists_reference,
+    name_messages,
+    name_messages_reference,
+    successor_csr,
+    successor_csr_reference,
+)
+from cmemu.spec import load_system
+from cmemu.topology import build_topology
+from cmemu.trace import load_trace
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return build_topology(load_system("mini"))
+
+
+COLLS = {
+    "dispatch": {"comm_type": "MOE_DISPATCH", "cmemu.tokens": 6, "cmemu.top_k": 2, "cmemu.hidden": 7168},
+    "combine": {"comm_type": "MOE_COMBINE", "cmemu.tokens": 6, "cmemu.top_k": 2, "cmemu.hidden": 7168,
+                "cmemu.engine": "sdma"},
+    "allreduce": {"comm_type": "ALL_REDUCE", "comm_size": 300_000, "cmemu.engine": "aiv"},
+    "gather": {"comm_type": "ALL_GATHER", "comm_size": 4096},
+    "bcast": {"comm_type": "BROADCAST", "comm_size": 1000, "cmemu.root": 6},
+}
+
+
+def layered_trace(tmp_path, layers, own_attrs: bool, name="t.json"):
+    """Layers of [a GEMM per rank, then each collective] on two groups, plus a message; with
+    ``own_attrs`` every node gets an unhashable 'x-' attribute, so no two share an attrs dict
+    (each collective is then lowered on its own)."""
+    groups = {"a": [0, 2, 4, 6], "b": [1, 3, 5, 7, 9]}
+    nodes = []
+    last = {}
+    for layer in range(layers):
+        for g, ranks in groups.items():
+            for r in ranks:
+                nodes.append({"id": len(nodes), "name": f"gemm{layer}", "type": "COMP", "rank": r,
+                              "data_deps": [last[r]] if r in last else [],
+                              "attrs": {"cmemu.op": "gemm", "cmemu.m": 64, "cmemu.n": 256, "cmemu.k": 512}})
+                last[r] = nodes[-1]["id"]
+            for cname, attrs in COLLS.items():
+                if cname == "bcast" and g == "b":
+                    continue
+                for r in ranks:
+                    nodes.append({"id": len(nodes), "name": f"{cname}{layer}", "type": "COMM_COLL", "rank": r,
+                                  "stream": 1, "data_deps": [last[r]], "attrs": {"cmemu.group": g, **attrs}})
+                    last[r] = nodes[-1]["id"]
+    nodes.append({"id": len(nodes), "type": "COMM_SEND", "rank": 0, "data_deps": [last[0]],
+                  "attrs": {"comm_dst": 1, "comm_size": 5000}})
+    nodes.append({"id": len(nodes), "type": "COMM_RECV", "rank": 1, "attrs": {"comm_src": 0, "comm_size": 5000}})
+    if own_attrs:
+        for i, node in enumerate(nodes):
+            node["attrs"]["x-own"] = [i]
+    path = tmp_path / name
+    path.write_text(json.dumps({"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini",
+                                "groups": groups, "nodes": nodes}))
+    return path
+
+
+def test_collectives_placed_again_equal_each_lowered_on_its_own(tmp_path, mini, monkeypatch):
+    calls = []
+    real = collectives.lower_collective
+    monkeypatch.setattr(collectives, "lower_collective", lambda b, *a: calls.append(b.base) or real(b, *a))
+    shared = lower(load_trace(layered_trace(tmp_path, 3, own_attrs=False), mini.num_dies), mini)
+    assert len(calls) == 9  # 5 collectives on group a, 4 on group b: once each
+    calls.clear()
+    own = lower(load_trace(layered_trace(tmp_path, 3, own_attrs=True, name="own.json"), mini.num_dies), mini)
+    assert len(calls) == 27
+    for f in dataclasses.fields(shared):
+        a, b = getattr(shared, f.name), getattr(own, f.name)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b), f.name
+        else:
+            assert a == b, f.name
+    # Every member's report start (its entry), each in its own collective's ops.
+    assert shared.num_messages > 1000 and (shared.op_report_start >= 0).sum() == 3 * (5 * 4 + 4 * 5)
+
+
+def test_a_bad_collective_is_named_by_its_first_node(tmp_path, mini):
+    nodes = [{"id": 10 * k + r, "type": "COMM_COLL", "rank": r, "stream": 1,
+              "attrs": {"cmemu.group": "g", "comm_type": "ALL_TO_ALL", "comm_size": 64, "cmemu.cores": 99}}
+             for k in range(2) for r in (0, 1)]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "groups": {"g": [0, 1]},
+                                "nodes": nodes}))
+    with pytest.raises(TraceError) as err:
+        lower(load_trace(path, mini.num_dies), mini)
+    assert err.value.node_id == 0 and err.value.field == "cmemu.cores"
+
+
+def test_a_block_names_only_its_own_and_its_members_ops(mini):
+    b = OpBuilder(base=100)
+    ops = b.ops(3, kind=0, parent=7)
+    b.edges(ops[:2], ops[1:])
+    b.edges(ops[2], 7)
+    b.messages_between(mini, [0, 2], [2, 0], 64, ops[1], -1)
+    block = b.block(members=[7])
+    out = np.empty(3, dtype=np.int32)
+    block.place("dst", out, 500, np.array([42]))
+    assert out.tolist() == [501, 502, 42]
+    block.place("msg_recv_op", out[:2], 500, np.array([42]))
+    assert out[:2].tolist() == [-1, -1]
+    with pytest.raises(RuntimeError, match="op 8, neither its own nor a member's"):
+        _Ids(np.array([100, 8]), 100, 3, np.array([7]))
+    fixed = OpBuilder().block()
+    assert isinstance(fixed, Block)
+    with pytest.raises(RuntimeError):
+        fixed.place("src", np.empty(0, dtype=np.int32), 5, None)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kernels_equal_their_references(seed):
+    rng = np.random.default_rng(seed)
+    n, e, m = int(rng.integers(1, 60)), int(rng.integers(0, 300)), int(rng.integers(0, 300))
+    src, dst = rng.integers(0, n, e).astype(np.int32), rng.integers(0, n, e).astype(np.int32)
+    for got, want in zip(successor_csr(src, dst, n), successor_csr_reference(src, dst, n)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    send, recv = rng.integers(-1, n + 3, m).astype(np.int32), rng.integers(-1, n + 3, m).astype(np.int32)
+    msg = np.where(rng.random(n) < 0.3, rng.integers(0, 9, n), -1).astype(np.int32)
+    a, b = msg.copy(), msg.copy()
+    name_messages(a, send, recv)
+    name_messages_reference(b, send, recv)  # ops outside the ops (n and above) are ignored
+    assert np.array_equal(a, b)
+    kind = rng.integers(0, 4, n).astype(np.uint8)
+    send, recv = np.minimum(send, n - 1), np.minimum(recv, n - 1)
+    for got, want in zip(message_lists(kind, send, recv, 1, 2), message_lists_reference(kind, send, recv, 1, 2)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_kernels_refuse_ops_outside_the_ops():
+    with pytest.raises(ValueError, match="an edge's successor is op 5, outside the 5 ops"):
+        successor_csr(np.array([0]), np.array([5]), 5)
+    with pytest.raises(ValueError, match="a message's receive op is op -2"):
+        message_lists(np.zeros(3, dtype=np.uint8), np.array([0]), np.array([-2]), 1, 2)
