@@ -180,6 +180,17 @@ cdef struct PacketRecord:
     uint8_t pad[7]
 
 
+cdef struct RunQueue:
+    # An initiator's queue of messages to issue, in the order they started: runs of consecutive
+    # entries of op_midx (the messages of one op, started together), (lo, hi) pairs in a ring of
+    # ``cap`` runs from ``head``; ``seq`` packets of the first message are issued.
+    int64_t* buf
+    int64_t head
+    int64_t n
+    int64_t cap
+    int64_t seq
+
+
 cdef struct Bucket:
     Event* ev
     int64_t n
@@ -293,10 +304,7 @@ cdef class Engine:
     cdef const uint8_t[::1] msg_path
     cdef const int32_t[::1] msg_send_op
     cdef const int32_t[::1] msg_recv_op
-    cdef int32_t[::1] msg_seq
     cdef int32_t[::1] msg_left        # packets not yet delivered (and, for a write, acknowledged)
-    cdef int32_t[::1] msg_qnext
-    cdef uint8_t[::1] recv_waiting
     cdef readonly cnp.ndarray msg_delivered_ps
     # When the message was delivered (its last packet in memory); on the message-level fabric,
     # the latest of its packets' so far until msg_left is 0.
@@ -309,8 +317,8 @@ cdef class Engine:
     cdef const int32_t[::1] ep_max_out
     cdef const int64_t[::1] ep_issue
     cdef const int32_t[::1] ep_node
-    cdef int32_t[::1] ep_qhead
-    cdef int32_t[::1] ep_qtail
+    cdef RunQueue* epq  # per initiator, the messages it has to issue
+    cdef int64_t n_eps
     cdef int32_t[::1] ep_outstanding
     cdef int64_t[::1] ep_issue_free
     cdef int64_t[::1] ep_sink_free
@@ -459,10 +467,7 @@ cdef class Engine:
         self.msg_path = L.msg_path
         self.msg_send_op = L.msg_send_op
         self.msg_recv_op = L.msg_recv_op
-        self.msg_seq = np.zeros(n_msgs, dtype=np.int32)
         self.msg_left = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
-        self.msg_qnext = np.full(n_msgs, -1, dtype=np.int32)
-        self.recv_waiting = np.zeros(n_msgs, dtype=np.uint8)
         self.msg_delivered_ps = np.full(n_msgs, -1, dtype=np.int64)
         self.msg_delivered = self.msg_delivered_ps
 
@@ -474,8 +479,10 @@ cdef class Engine:
         self.ep_max_out = F.ep_max_outstanding
         self.ep_issue = F.ep_issue_ps
         self.ep_node = F.ep_node
-        self.ep_qhead = np.full(n_eps, -1, dtype=np.int32)
-        self.ep_qtail = np.full(n_eps, -1, dtype=np.int32)
+        self.n_eps = n_eps
+        self.epq = <RunQueue*>calloc(max(n_eps, 1), sizeof(RunQueue))
+        if self.epq == NULL:
+            raise MemoryError("initiator queues")
         self.ep_outstanding = np.zeros(n_eps, dtype=np.int32)
         self.ep_issue_free = np.zeros(n_eps, dtype=np.int64)
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
@@ -626,7 +633,7 @@ cdef class Engine:
     def __dealloc__(self):
         cdef int64_t i
         if self.ack_heap != NULL:
-            for i in range(self.ep_qhead.shape[0]):
+            for i in range(self.n_eps):
                 free(self.ack_heap[i])
             free(self.ack_heap)
         free(self.ack_len)
@@ -635,9 +642,13 @@ cdef class Engine:
             for i in range(self.n_links):
                 free(self.lk[i].cal)
         if self.sk != NULL:
-            for i in range(self.ep_qhead.shape[0]):
+            for i in range(self.n_eps):
                 free(self.sk[i].cal)
             free(self.sk)
+        if self.epq != NULL:
+            for i in range(self.n_eps):
+                free(self.epq[i].buf)
+            free(self.epq)
         free(self.ops)
         free(self.lk)
         free(self.heap)
@@ -669,7 +680,10 @@ cdef class Engine:
             free(self.lk[i].cal)
             self.lk[i].cal = NULL
             self.lk[i].cal_n = self.lk[i].cal_cap = 0
-        for i in range(self.ep_qhead.shape[0]):
+        for i in range(self.n_eps):
+            free(self.epq[i].buf)
+            self.epq[i].buf = NULL
+            self.epq[i].n = self.epq[i].cap = 0
             free(self.sk[i].cal)
             self.sk[i].cal = NULL
             free(self.ack_heap[i])
@@ -689,8 +703,7 @@ cdef class Engine:
         self.op_left = self.op_tmax = self.op_target = self.op_hend = None
         self.op_hnext = self.op_hprev = self.op_qnext = None
         self.op_mptr = self.op_midx = None
-        self.msg_seq = self.msg_left = self.msg_qnext = None
-        self.recv_waiting = None
+        self.msg_left = None
 
     # -- the event queue -----------------------------------------------------------------
     cdef int push(self, int64_t time, int32_t kind, int32_t a) except -1:
@@ -1410,7 +1423,7 @@ cdef class Engine:
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
                 if self.msg_kind[msg] == MSG_WRITE:
-                    self.message_start(msg)
+                    self.message_start(i)
         else:  # K_RECV: it waits for every message not yet delivered
             self.op_tmax[op] = t
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
@@ -1419,15 +1432,14 @@ cdef class Engine:
                     if self.msg_delivered[msg] > self.op_tmax[op]:
                         self.op_tmax[op] = self.msg_delivered[msg]
                 else:
-                    self.recv_waiting[msg] = 1
-                    left += 1
+                    left += 1  # see deliver
             self.op_left[op] = left
             if left == 0:
                 self.push(self.op_tmax[op], EV_OP_DONE, op)
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
                 if self.msg_kind[msg] != MSG_WRITE:
-                    self.message_start(msg)
+                    self.message_start(i)
         return 0
 
     # -- HBM shared by a die's running ops -------------------------------------------------
@@ -1526,12 +1538,12 @@ cdef class Engine:
         return self.on_op_done(op)
 
     cdef int deliver(self, int32_t m, int64_t t) except -1:
-        """Message m is delivered at t (now or later): its waiting receive may end then."""
-        cdef int32_t r
+        """Message m is delivered at t (now or later): its waiting receive may end then. A receive
+        that started before counted it among those it waits for (start_op); one that starts
+        later finds it delivered."""
+        cdef int32_t r = self.msg_recv_op[m]
         self.msg_delivered[m] = t
-        if self.recv_waiting[m]:
-            self.recv_waiting[m] = 0
-            r = self.msg_recv_op[m]
+        if r >= 0 and self.ops[r].kind == K_RECV and self.ops[r].start >= 0:
             if t > self.op_tmax[r]:
                 self.op_tmax[r] = t
             self.op_left[r] -= 1
@@ -1539,18 +1551,36 @@ cdef class Engine:
                 self.push(self.op_tmax[r], EV_OP_DONE, r)
         return 0
 
-    cdef int message_start(self, int32_t msg) except -1:
-        """A message joins its initiator's queue now; its first packet leaves no earlier than its
-        op's start plus the initiator's start-up (see inject): it waits in its port's queue."""
+    cdef int message_start(self, int64_t i) except -1:
+        """The message at op_midx[i] joins its initiator's queue now; its first packet leaves no
+        earlier than its op's start plus the initiator's start-up (see inject): it waits in its
+        port's queue. It joins its op's run when it follows it there."""
+        cdef int32_t msg = self.op_midx[i]
         cdef int32_t ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
-        self.msg_qnext[msg] = -1
-        if self.ep_qtail[ini] < 0:
-            self.ep_qhead[ini] = msg
-        else:
-            self.msg_qnext[self.ep_qtail[ini]] = msg
-        self.ep_qtail[ini] = msg
-        self.inject(ini)
-        return 0
+        cdef RunQueue* q = &self.epq[ini]
+        cdef int64_t* grown
+        cdef int64_t k, last
+        if q.n > 0:
+            last = (q.head + q.n - 1) & (q.cap - 1)
+            if q.buf[2 * last + 1] == i:
+                q.buf[2 * last + 1] = i + 1
+                return self.inject(ini)
+        if q.n == q.cap:  # grow the ring, its runs in order from 0
+            grown = <int64_t*>malloc(2 * max(8, 2 * q.cap) * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError("initiator queue")
+            for k in range(q.n):
+                grown[2 * k] = q.buf[2 * ((q.head + k) & (q.cap - 1))]
+                grown[2 * k + 1] = q.buf[2 * ((q.head + k) & (q.cap - 1)) + 1]
+            free(q.buf)
+            q.buf = grown
+            q.head = 0
+            q.cap = max(8, 2 * q.cap)
+        last = (q.head + q.n) & (q.cap - 1)
+        q.buf[2 * last] = i
+        q.buf[2 * last + 1] = i + 1
+        q.n += 1
+        return self.inject(ini)
 
     cdef int path_reserve(self, int32_t p, int32_t link, int64_t t) except -1:
         """Message-level fabric: write packet p, issued at t onto its first link ``link``, has its
@@ -1613,7 +1643,7 @@ cdef class Engine:
             self.deliver(m, self.msg_delivered[m])
         t += self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
         self.ack_push(s, t)
-        if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
+        if self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
             self.wake_at(s, t)  # its initiator waits for a window slot
         self.ack_back(m, t)
         self.packet_release(p)
@@ -1763,11 +1793,13 @@ cdef class Engine:
     cdef int inject(self, int32_t ep) except -1:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
         cdef int32_t m, p, first, s, d
-        cdef int64_t payload, idx, t
+        cdef int64_t payload, idx, t, seq
         cdef int path, kind
+        cdef RunQueue* q = &self.epq[ep]
         self.collect_acks(ep)
-        while self.ep_qhead[ep] >= 0:
-            m = self.ep_qhead[ep]
+        while q.n > 0:
+            m = self.op_midx[q.buf[2 * q.head]]
+            seq = q.seq
             kind = self.msg_kind[m]
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 # The window is full. On the message-level fabric a write's packet may take the
@@ -1782,13 +1814,13 @@ cdef class Engine:
                     self.ep_issue_free[ep] = self.ack_heap[ep][0]
                 self.ack_pop(ep)
             path = self.msg_path[m]
-            payload = self.msg_bytes[m] - self.msg_seq[m] * self.path_mtu[path]
+            payload = self.msg_bytes[m] - seq * self.path_mtu[path]
             if payload > self.path_mtu[path]:
                 payload = self.path_mtu[path]  # every packet but the last is a full MTU
             p = self.packet_new()
             self.pkts[p].msg = m
             self.pkts[p].payload = <int32_t>payload
-            self.pkts[p].seq = self.msg_seq[m]
+            self.pkts[p].seq = <int32_t>seq
             self.pkts[p].leg = 0
             self.pkts[p].hop = 0
             self.pkts[p].in_link = -1
@@ -1797,14 +1829,16 @@ cdef class Engine:
             # A read request carries no data; an atomic's carries its operand.
             self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype,
                                                            0 if kind == MSG_READ else payload)
-            idx = self.choose_path(m, self.msg_seq[m], p)
+            idx = self.choose_path(m, seq, p)
             self.pkts[p].plane = <uint8_t>(idx % self.P)
             self.pkts[p].uplink = <int32_t>(idx // self.P)
-            self.msg_seq[m] += 1
-            if self.msg_seq[m] == self.packets_of(m):
-                self.ep_qhead[ep] = self.msg_qnext[m]
-                if self.ep_qhead[ep] < 0:
-                    self.ep_qtail[ep] = -1
+            q.seq += 1
+            if q.seq == self.packets_of(m):  # on to the next message
+                q.seq = 0
+                q.buf[2 * q.head] += 1
+                if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
+                    q.head = (q.head + 1) & (q.cap - 1)
+                    q.n -= 1
             self.ep_outstanding[ep] += 1
             # Issued one issue time after the previous packet, and not before its message's
             # start; it waits in its port's queue until then.
@@ -1822,7 +1856,7 @@ cdef class Engine:
                 continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-        if self.ep_qhead[ep] >= 0 and self.ack_len[ep] > 0:
+        if q.n > 0 and self.ack_len[ep] > 0:
             self.wake_at(ep, self.ack_heap[ep][0])  # the window is full: wake when a slot frees
         return 0
 
