@@ -91,7 +91,7 @@ cdef enum:
     EV_WAKE = 6  # an initiator whose window was full may issue again
     EV_FAIL = 7
     EV_RETRANSMIT = 8
-    EV_HBM_DONE = 9  # the op of a die's HBM share that finishes first (if still so)
+    EV_HBM_DONE = 9  # the row (h_op) of a die's HBM share that finishes first (if still so)
 
 cdef int64_t PS_PER_S = 1000000000000
 cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
@@ -112,13 +112,16 @@ cdef struct OpInfo:
     int64_t succ_lo
     int32_t succ_n
     int32_t pending
-    int32_t msg
-    int32_t res
     int32_t die
+    int32_t qnext     # the next op waiting for cores on its die (-1: none)
+    # By kind: a SEND / RECV's messages still awaited; the row of an op that shares its die's
+    # HBM in the hbm_* arrays; a MEM op's server (res) otherwise.
+    int32_t u
     uint8_t aic
     uint8_t aiv
     uint8_t kind
-    uint8_t pad[5]
+    uint8_t hbm       # it shares its die's HBM (row u)
+    int64_t tmax      # a SEND / RECV: the latest ack / delivery time among its messages so far
 
 cdef extern from "<stdlib.h>":
     int posix_memalign(void** memptr, size_t alignment, size_t size) nogil
@@ -270,7 +273,6 @@ cdef class Engine:
     cdef const int32_t[::1] succ_idx
     cdef const int64_t[::1] op_mptr   # messages of a SEND/RECV op: op_midx[op_mptr[op]:op_mptr[op+1]]
     cdef const int32_t[::1] op_midx
-    cdef int32_t[::1] op_left         # messages the op still waits for
     # HBM shared by the running ops of a die (see hbm_join): a virtual clock per die runs at
     # capacity / demand (at most 1) of real time, and an op ends when it has run its duration
     # on that clock.
@@ -278,16 +280,17 @@ cdef class Engine:
     cdef int64_t[::1] hbm_sum          # per die, demand of its running ops, bytes/s
     cdef int64_t[::1] hbm_v            # per die, its clock (ps of alone time) at hbm_t
     cdef int64_t[::1] hbm_t
-    cdef int32_t[::1] hbm_first        # per die, its running ops (a list through op_hnext)
-    cdef int32_t[::1] hbm_next_op      # per die, the op whose end is scheduled
-    cdef const int64_t[::1] op_rate    # per op, its demand (0: it does not take part)
-    cdef int64_t[::1] op_target        # per op, the die clock at which it ends
-    cdef int64_t[::1] op_hend          # per op, the time its end was last scheduled for
-    cdef int32_t[::1] op_hnext
-    cdef int32_t[::1] op_hprev
+    cdef int32_t[::1] hbm_first        # per die, the rows of its running ops (a list through h_next)
+    cdef int32_t[::1] hbm_next_op      # per die, the row whose end is scheduled
+    # Per op that takes part (a row each, in op order; OpInfo.u):
+    cdef int32_t[::1] h_op             # the op
+    cdef int64_t[::1] h_rate           # its demand, bytes/s
+    cdef int64_t[::1] h_target         # the die clock at which it ends
+    cdef int64_t[::1] h_end            # the time its end was last scheduled for
+    cdef int32_t[::1] h_next
+    cdef int32_t[::1] h_prev
     cdef int64_t* hrec                 # (die, time, clock, demand) after every change of a share
     cdef int64_t hrec_len, hrec_cap
-    cdef int64_t[::1] op_tmax         # the latest ack / delivery time among them so far
     cdef int64_t[::1] res_free
     # Cores: an op holds op_aic AIC and op_aiv AIV cores of its die while it runs; ops that do
     # not fit wait in their die's FIFO.
@@ -295,7 +298,6 @@ cdef class Engine:
     cdef int32_t[::1] free_aiv
     cdef int32_t[::1] core_qhead
     cdef int32_t[::1] core_qtail
-    cdef int32_t[::1] op_qnext
     # Messages.
     cdef const int32_t[::1] msg_src
     cdef const int32_t[::1] msg_dst
@@ -417,7 +419,6 @@ cdef class Engine:
         cdef const uint8_t[::1] kind = L.op_kind
         cdef const int64_t[::1] dur = L.op_dur_ps
         cdef const int32_t[::1] res = L.op_res
-        cdef const int32_t[::1] msg = L.op_msg
         cdef const int64_t[::1] succ_ptr = L.succ_ptr
         cdef const int32_t[::1] npred = L.op_npred
         cdef const int32_t[::1] aic = L.op_aic
@@ -430,8 +431,10 @@ cdef class Engine:
             self.ops[i].succ_lo = succ_ptr[i]
             self.ops[i].succ_n = <int32_t>(succ_ptr[i + 1] - succ_ptr[i])
             self.ops[i].pending = npred[i]
-            self.ops[i].msg = msg[i]
-            self.ops[i].res = res[i]
+            self.ops[i].u = res[i]
+            self.ops[i].qnext = -1
+            self.ops[i].tmax = 0
+            self.ops[i].hbm = 0
             self.ops[i].die = die[i]
             self.ops[i].aic = <uint8_t>aic[i]
             self.ops[i].aiv = <uint8_t>aiv[i]
@@ -439,25 +442,29 @@ cdef class Engine:
         self.op_lat_ps = L.op_lat_ps
         self.succ_idx = L.succ_idx
         self.op_mptr, self.op_midx = op_message_lists(L)
-        self.op_left = np.zeros(self.n_ops, dtype=np.int32)
-        self.hbm_cap, self.op_rate = hbm_sharing(L)
+        self.hbm_cap, op_rate = hbm_sharing(L)
+        h_op = np.flatnonzero(op_rate > 0).astype(np.int32)
+        self.h_op = h_op
+        self.h_rate = op_rate[h_op]
+        del op_rate
+        self.h_target = np.zeros(h_op.shape[0], dtype=np.int64)
+        self.h_end = np.full(h_op.shape[0], -1, dtype=np.int64)
+        self.h_next = np.full(h_op.shape[0], -1, dtype=np.int32)
+        self.h_prev = np.full(h_op.shape[0], -1, dtype=np.int32)
+        for i in range(h_op.shape[0]):
+            self.ops[self.h_op[i]].u = <int32_t>i
+            self.ops[self.h_op[i]].hbm = 1
         n_dies = L.die_aic_cores.shape[0]
         self.hbm_sum = np.zeros(n_dies, dtype=np.int64)
         self.hbm_v = np.zeros(n_dies, dtype=np.int64)
         self.hbm_t = np.zeros(n_dies, dtype=np.int64)
         self.hbm_first = np.full(n_dies, -1, dtype=np.int32)
         self.hbm_next_op = np.full(n_dies, -1, dtype=np.int32)
-        self.op_target = np.zeros(self.n_ops, dtype=np.int64)
-        self.op_hend = np.full(self.n_ops, -1, dtype=np.int64)
-        self.op_hnext = np.full(self.n_ops, -1, dtype=np.int32)
-        self.op_hprev = np.full(self.n_ops, -1, dtype=np.int32)
-        self.op_tmax = np.zeros(self.n_ops, dtype=np.int64)
         self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
         self.free_aic = L.die_aic_cores.copy()
         self.free_aiv = L.die_aiv_cores.copy()
         self.core_qhead = np.full(L.die_aic_cores.shape[0], -1, dtype=np.int32)
         self.core_qtail = np.full(L.die_aic_cores.shape[0], -1, dtype=np.int32)
-        self.op_qnext = np.full(self.n_ops, -1, dtype=np.int32)
 
         n_msgs = L.msg_src.shape[0]
         self.msg_src = L.msg_src
@@ -700,8 +707,8 @@ cdef class Engine:
         self.heap = self.fifo = self.act = NULL
         self.pkts = NULL
         self.heap_len = self.fifo_len = self.act_len = self.act_head = self.wheel_count = 0
-        self.op_left = self.op_tmax = self.op_target = self.op_hend = None
-        self.op_hnext = self.op_hprev = self.op_qnext = None
+        self.h_op = self.h_next = self.h_prev = None
+        self.h_rate = self.h_target = self.h_end = None
         self.op_mptr = self.op_midx = None
         self.msg_left = None
 
@@ -1382,11 +1389,11 @@ cdef class Engine:
             raise DieFailedError(op)
         if o.aic > 0 or o.aiv > 0:
             if self.core_qhead[die] >= 0 or self.free_aic[die] < o.aic or self.free_aiv[die] < o.aiv:
-                self.op_qnext[op] = -1
+                o.qnext = -1
                 if self.core_qtail[die] < 0:
                     self.core_qhead[die] = op
                 else:
-                    self.op_qnext[self.core_qtail[die]] = op
+                    self.ops[self.core_qtail[die]].qnext = op
                 self.core_qtail[die] = op
                 return 0
             self.free_aic[die] -= o.aic
@@ -1400,14 +1407,14 @@ cdef class Engine:
         cdef uint8_t kind = o.kind
         o.start = t
         if kind == K_COMP:
-            if self.op_rate[op] > 0:
+            if o.hbm:
                 self.hbm_join(op)
             else:
                 self.push(t + o.dur, EV_OP_DONE, op)
-        elif kind == K_MEM and self.op_rate[op] > 0:
+        elif kind == K_MEM and o.hbm:
             self.hbm_join(op)  # it shares the die's HBM; it ends one access latency after
         elif kind == K_MEM:
-            r = o.res
+            r = o.u
             start = t if t > self.res_free[r] else self.res_free[r]
             self.res_free[r] = start + o.dur
             self.push(start + o.dur + self.op_lat_ps[op], EV_OP_DONE, op)
@@ -1416,8 +1423,8 @@ cdef class Engine:
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 if self.msg_kind[self.op_midx[i]] == MSG_WRITE:
                     left += 1
-            self.op_left[op] = left
-            self.op_tmax[op] = t
+            o.u = left
+            o.tmax = t
             if left == 0:
                 self.push(t, EV_OP_DONE, op)
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
@@ -1425,17 +1432,17 @@ cdef class Engine:
                 if self.msg_kind[msg] == MSG_WRITE:
                     self.message_start(i)
         else:  # K_RECV: it waits for every message not yet delivered
-            self.op_tmax[op] = t
+            o.tmax = t
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
                 if self.msg_left[msg] == 0:
-                    if self.msg_delivered[msg] > self.op_tmax[op]:
-                        self.op_tmax[op] = self.msg_delivered[msg]
+                    if self.msg_delivered[msg] > o.tmax:
+                        o.tmax = self.msg_delivered[msg]
                 else:
                     left += 1  # see deliver
-            self.op_left[op] = left
+            o.u = left
             if left == 0:
-                self.push(self.op_tmax[op], EV_OP_DONE, op)
+                self.push(o.tmax, EV_OP_DONE, op)
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
                 if self.msg_kind[msg] != MSG_WRITE:
@@ -1455,26 +1462,26 @@ cdef class Engine:
 
     cdef int hbm_schedule(self, int32_t d) except -1:
         """Schedule the end of die d's running op that reaches its target first (ties: the
-        lower op index), at the current rate of the die's clock."""
-        cdef int32_t op = self.hbm_first[d], best = -1
+        lower op index, which is the lower row), at the current rate of the die's clock."""
+        cdef int32_t h = self.hbm_first[d], best = -1
         cdef int64_t rem, fin
-        while op >= 0:
-            if best < 0 or self.op_target[op] < self.op_target[best] or (
-                    self.op_target[op] == self.op_target[best] and op < best):
-                best = op
-            op = self.op_hnext[op]
+        while h >= 0:
+            if best < 0 or self.h_target[h] < self.h_target[best] or (
+                    self.h_target[h] == self.h_target[best] and h < best):
+                best = h
+            h = self.h_next[h]
         self.hbm_next_op[d] = best
         if best < 0:
             return 0
-        rem = self.op_target[best] - self.hbm_v[d]
+        rem = self.h_target[best] - self.hbm_v[d]
         if rem < 0:
             rem = 0
         if self.hbm_sum[d] > self.hbm_cap[d]:
             fin = self.now + <int64_t>((<cm_int128>rem * self.hbm_sum[d] + self.hbm_cap[d] - 1) // self.hbm_cap[d])
         else:
             fin = self.now + rem
-        if self.op_hend[best] != fin:
-            self.op_hend[best] = fin
+        if self.h_end[best] != fin:
+            self.h_end[best] = fin
             self.push(fin, EV_HBM_DONE, best)
         return 0
 
@@ -1503,33 +1510,34 @@ cdef class Engine:
 
     cdef int hbm_join(self, int32_t op) except -1:
         """A COMP op with HBM traffic starts: it joins its die's share."""
-        cdef int32_t d = self.ops[op].die
+        cdef int32_t d = self.ops[op].die, h = self.ops[op].u
         self.hbm_advance(d)
-        self.op_target[op] = self.hbm_v[d] + self.ops[op].dur
-        self.hbm_sum[d] += self.op_rate[op]
-        self.op_hprev[op] = -1
-        self.op_hnext[op] = self.hbm_first[d]
+        self.h_target[h] = self.hbm_v[d] + self.ops[op].dur
+        self.hbm_sum[d] += self.h_rate[h]
+        self.h_prev[h] = -1
+        self.h_next[h] = self.hbm_first[d]
         if self.hbm_first[d] >= 0:
-            self.op_hprev[self.hbm_first[d]] = op
-        self.hbm_first[d] = op
+            self.h_prev[self.hbm_first[d]] = h
+        self.hbm_first[d] = h
         self.hbm_record(d)
         return self.hbm_schedule(d)
 
-    cdef int on_hbm_done(self, int32_t op) except -1:
-        """The scheduled end of a die's first finisher, unless a later change moved it."""
+    cdef int on_hbm_done(self, int32_t h) except -1:
+        """The scheduled end of a die's first finisher (row h), unless a later change moved it."""
+        cdef int32_t op = self.h_op[h]
         cdef int32_t d = self.ops[op].die
-        if self.hbm_next_op[d] != op or self.op_hend[op] != self.now:
-            if self.op_hend[op] == self.now and self.hbm_next_op[d] != op:
-                self.op_hend[op] = -1  # its pending end is gone: a later schedule makes a new one
+        if self.hbm_next_op[d] != h or self.h_end[h] != self.now:
+            if self.h_end[h] == self.now and self.hbm_next_op[d] != h:
+                self.h_end[h] = -1  # its pending end is gone: a later schedule makes a new one
             return 0  # superseded
         self.hbm_advance(d)
-        self.hbm_sum[d] -= self.op_rate[op]
-        if self.op_hprev[op] >= 0:
-            self.op_hnext[self.op_hprev[op]] = self.op_hnext[op]
+        self.hbm_sum[d] -= self.h_rate[h]
+        if self.h_prev[h] >= 0:
+            self.h_next[self.h_prev[h]] = self.h_next[h]
         else:
-            self.hbm_first[d] = self.op_hnext[op]
-        if self.op_hnext[op] >= 0:
-            self.op_hprev[self.op_hnext[op]] = self.op_hprev[op]
+            self.hbm_first[d] = self.h_next[h]
+        if self.h_next[h] >= 0:
+            self.h_prev[self.h_next[h]] = self.h_prev[h]
         self.hbm_record(d)
         self.hbm_schedule(d)
         if self.ops[op].kind == K_MEM:  # its data is moved; it ends one access latency later
@@ -1544,11 +1552,11 @@ cdef class Engine:
         cdef int32_t r = self.msg_recv_op[m]
         self.msg_delivered[m] = t
         if r >= 0 and self.ops[r].kind == K_RECV and self.ops[r].start >= 0:
-            if t > self.op_tmax[r]:
-                self.op_tmax[r] = t
-            self.op_left[r] -= 1
-            if self.op_left[r] == 0:
-                self.push(self.op_tmax[r], EV_OP_DONE, r)
+            if t > self.ops[r].tmax:
+                self.ops[r].tmax = t
+            self.ops[r].u -= 1
+            if self.ops[r].u == 0:
+                self.push(self.ops[r].tmax, EV_OP_DONE, r)
         return 0
 
     cdef int message_start(self, int64_t i) except -1:
@@ -1979,8 +1987,8 @@ cdef class Engine:
     cdef inline void ack_back(self, int32_t m, int64_t t) noexcept nogil:
         """An ack of write m will be back at t: its send op ends no earlier."""
         cdef int32_t op = self.msg_send_op[m]
-        if op >= 0 and self.ops[op].kind == K_SEND and t > self.op_tmax[op]:
-            self.op_tmax[op] = t
+        if op >= 0 and self.ops[op].kind == K_SEND and t > self.ops[op].tmax:
+            self.ops[op].tmax = t
 
     cdef int acked(self, int32_t m) except -1:
         """Write message m's last ack is on its way (ack_back): its send op ends when the last of
@@ -1989,9 +1997,9 @@ cdef class Engine:
         cdef int32_t op = self.msg_send_op[m]
         if op < 0 or self.ops[op].kind != K_SEND:
             return 0
-        self.op_left[op] -= 1
-        if self.op_left[op] == 0:
-            self.push(self.op_tmax[op], EV_OP_DONE, op)
+        self.ops[op].u -= 1
+        if self.ops[op].u == 0:
+            self.push(self.ops[op].tmax, EV_OP_DONE, op)
         return 0
 
     cdef int on_op_done(self, int32_t op) except -1:
@@ -2009,7 +2017,7 @@ cdef class Engine:
                 w = self.core_qhead[die]
                 if self.free_aic[die] < self.ops[w].aic or self.free_aiv[die] < self.ops[w].aiv:
                     break
-                self.core_qhead[die] = self.op_qnext[w]
+                self.core_qhead[die] = self.ops[w].qnext
                 if self.core_qhead[die] < 0:
                     self.core_qtail[die] = -1
                 self.free_aic[die] -= self.ops[w].aic
