@@ -43,7 +43,7 @@ import numpy as np
 cimport numpy as cnp
 
 from cmemu.errors import DieFailedError, UnroutableError
-from cmemu._core import hbm_sharing, merge_link_series, op_message_lists
+from cmemu._core import hbm_sharing, op_message_lists
 
 cnp.import_array()
 
@@ -232,17 +232,6 @@ cdef inline int64_t serialisation_ps(int64_t nbytes, int64_t rate_byte_per_s) no
         return (nbytes * PS_PER_S + rate_byte_per_s - 1) // rate_byte_per_s
     num = <cm_int128>nbytes * PS_PER_S + rate_byte_per_s - 1
     return <int64_t>(num / rate_byte_per_s)
-
-
-cdef object rows_copy(const int64_t* buf, int64_t n, int64_t width):
-    """A numpy copy (int64 [n, width]) of n rows of a C buffer of records."""
-    out = np.empty((n, width), dtype=np.int64)
-    cdef int64_t[:, ::1] o = out
-    cdef int64_t i, j
-    for i in range(n):
-        for j in range(width):
-            o[i, j] = buf[width * i + j]
-    return out
 
 
 def serialisation_time_ps(nbytes, rate_byte_per_s):
@@ -1266,9 +1255,58 @@ cdef class Engine:
     def link_series(self):
         """Binned link counters as COO arrays: link, bin, bytes, busy_ps (flushes the bins)."""
         cdef int64_t link
+        cdef int64_t n, i, k, w, lo, hi, j
         for link in range(self.n_links):
             self.series_flush(<int32_t>link, -1)
-        return merge_link_series(self.bin_ps, rows_copy(self.series, self.series_len, 4))
+        # Rows by link (a counting sort, stable), then by bin within a link: a link's rows come
+        # in bin order but for a few the message-level fabric adds to earlier bins; rows of one
+        # (link, bin) are summed. As cmemu._core.merge_link_series does, without its copies.
+        n = self.series_len
+        cdef const int64_t* r = self.series
+        pos_a = np.zeros(self.n_links + 1, dtype=np.int64)
+        cdef int64_t[::1] pos = pos_a
+        for i in range(n):
+            pos[r[4 * i] + 1] += 1
+        for k in range(self.n_links):
+            pos[k + 1] += pos[k]
+        start_a = pos_a[:-1].copy()
+        bin_a = np.empty(n, dtype=np.int32)
+        bytes_a = np.empty(n, dtype=np.int64)
+        busy_a = np.empty(n, dtype=np.int64)
+        cdef int32_t[::1] ob = bin_a
+        cdef int64_t[::1] oy = bytes_a, ou = busy_a, st = start_a
+        for i in range(n):
+            k = pos[r[4 * i]]
+            pos[r[4 * i]] = k + 1
+            ob[k] = <int32_t>r[4 * i + 1]
+            oy[k] = r[4 * i + 2]
+            ou[k] = r[4 * i + 3]
+        for link in range(self.n_links):
+            lo, hi = st[link], pos[link]
+            for j in range(lo + 1, hi):
+                if ob[j] < ob[j - 1]:
+                    order = np.argsort(bin_a[lo:hi], kind="stable") + lo
+                    bin_a[lo:hi] = bin_a[order]
+                    bytes_a[lo:hi] = bytes_a[order]
+                    busy_a[lo:hi] = busy_a[order]
+                    break
+        link_a = np.empty(n, dtype=np.int32)
+        cdef int32_t[::1] ol = link_a
+        w = 0
+        for link in range(self.n_links):
+            for j in range(st[link], pos[link]):
+                if w > 0 and ol[w - 1] == link and ob[w - 1] == ob[j]:
+                    oy[w - 1] += oy[j]
+                    ou[w - 1] += ou[j]
+                else:
+                    ol[w] = <int32_t>link
+                    ob[w] = ob[j]
+                    oy[w] = oy[j]
+                    ou[w] = ou[j]
+                    w += 1
+        if w < n:
+            link_a, bin_a, bytes_a, busy_a = link_a[:w].copy(), bin_a[:w].copy(), bytes_a[:w].copy(), busy_a[:w].copy()
+        return {"bin_ps": int(self.bin_ps), "link": link_a, "bin": bin_a, "bytes": bytes_a, "busy_ps": busy_a}
 
     # -- link arbitration ------------------------------------------------------------------
     cdef inline int64_t next_voq(self, int32_t link, int64_t start, int64_t n) noexcept nogil:
@@ -1504,9 +1542,19 @@ cdef class Engine:
         """Each die's HBM clock (see hbm_join): after every change of the die's demand, the
         time, the clock's value and the demand (bytes/s), in time order; and each die's capacity.
         Between two records the clock runs at min(1, capacity / demand)."""
-        out = rows_copy(self.hrec, self.hrec_len, 4)
-        return {"die": out[:, 0].astype(np.int32), "t_ps": out[:, 1].copy(), "clock_ps": out[:, 2].copy(),
-                "demand": out[:, 3].copy(), "capacity": np.asarray(self.hbm_cap).copy()}
+        cdef int64_t i, n = self.hrec_len
+        die_a = np.empty(n, dtype=np.int32)
+        t_a = np.empty(n, dtype=np.int64)
+        v_a = np.empty(n, dtype=np.int64)
+        q_a = np.empty(n, dtype=np.int64)
+        cdef int32_t[::1] od = die_a
+        cdef int64_t[::1] ot = t_a, ov = v_a, oq = q_a
+        for i in range(n):
+            od[i] = <int32_t>self.hrec[4 * i]
+            ot[i] = self.hrec[4 * i + 1]
+            ov[i] = self.hrec[4 * i + 2]
+            oq[i] = self.hrec[4 * i + 3]
+        return {"die": die_a, "t_ps": t_a, "clock_ps": v_a, "demand": q_a, "capacity": np.asarray(self.hbm_cap).copy()}
 
     cdef int hbm_join(self, int32_t op) except -1:
         """A COMP op with HBM traffic starts: it joins its die's share."""
