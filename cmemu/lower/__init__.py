@@ -186,9 +186,8 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
             table["lat"][s] = mem_latency[node.type == "MEM_STORE"]
         pipes.append(rows)
     cols = {c: col[shape] for c, col in table.items()}
-    cols["rank"] = np.array(list(map(attrgetter("rank"), nodes)), dtype=np.int32)
-    cols["stream"] = np.array(list(map(attrgetter("stream"), nodes)), dtype=np.int32)
-    cols["node_id"] = np.array(list(map(attrgetter("id"), nodes)), dtype=np.int64)
+    graph = trace.graph
+    cols["rank"], cols["stream"], cols["node_id"] = graph.rank, graph.stream, graph.id
     cols["res"] = np.where(cols["kind"] == OP_KIND_MEM, cols["rank"], -1).astype(np.int32)  # one HBM server per die
     # Pipe-task rows in op order: each op repeats its shape's rows.
     count = np.array([len(r) for r in pipes], dtype=np.int64)[shape]
@@ -207,23 +206,20 @@ def lower(trace, topo: Topology) -> Lowered:
     from cmemu.lower.collectives import collective_blocks
 
     die = topo.spec.die
-    nodes = trace.nodes
-    n = len(nodes)
-    index = dict(zip(map(attrgetter("id"), nodes), range(n)))
+    n = len(trace.nodes)
     cols, (pipe_op, pipe_code, pipe_busy), names = _node_columns(trace, die)
-    rank, stream = cols["rank"], cols["stream"]
-    messages = _trace_messages(trace, topo, rank)
+    messages = _trace_messages(trace, topo, cols["rank"])
     empty = np.zeros(0, dtype=np.int32)
     head = Block(0, n, {**OP_DEFAULTS, **cols}, empty, empty, messages, empty, empty)
     del cols, messages
 
     # A collective's node is its exit; its dependencies lead to an entry op instead.
-    parts, members, entries = collective_blocks(topo, trace, index, n)
+    parts, members, entries = collective_blocks(topo, trace, n)
     to = np.arange(n)
     to[members] = entries
 
     # Edges pred -> succ: data deps, control deps and stream order.
-    src, dst = _trace_edges(nodes, index, rank, stream)
+    src, dst = _trace_edges(trace.graph)
     ops = n + sum(block.n_ops for block, _ in parts)
     parts = [(head, None), *parts, (edge_block(ops, src, to[dst]), None)]
     del head, src, dst, to
@@ -242,11 +238,9 @@ def _trace_messages(trace, topo, rank) -> dict:
     """The trace's own messages (matched COMM_SEND/COMM_RECV pairs, in the sends' file order) as
     Lowered.msg_* arrays: each carried by its send and its receive op."""
     from cmemu.lower.comm import PLANES
-    from cmemu.trace.ir import message_pairs
 
     nodes = trace.nodes
-    pairs = np.array(message_pairs(trace), dtype=np.int64).reshape(-1, 2)
-    send, recv = pairs[:, 0], pairs[:, 1]
+    send, recv = trace.graph.messages[:, 0], trace.graph.messages[:, 1]
     attrs = [nodes[i].attrs for i in send.tolist()]
     table = MessageTable()
     table.add_many(topo, rank[send], rank[recv], np.array([a["comm_size"] for a in attrs], dtype=np.int64), send,
@@ -254,25 +248,12 @@ def _trace_messages(trace, topo, rank) -> dict:
     return table.arrays()
 
 
-def _trace_edges(nodes, index, rank, stream) -> tuple[np.ndarray, np.ndarray]:
+def _trace_edges(graph) -> tuple[np.ndarray, np.ndarray]:
     """(pred, succ) node indices of the trace's edges: for each node in file order its data
     deps, its control deps, then the node before it on its (rank, stream)."""
-    from itertools import chain
-
-    n = len(nodes)
-    parts = []
-    for kind in ("data_deps", "ctrl_deps"):
-        deps = list(map(attrgetter(kind), nodes))
-        count = np.array(list(map(len, deps)), dtype=np.int64)
-        pred = np.array(list(map(index.__getitem__, chain.from_iterable(deps))), dtype=np.int64)
-        parts.append((pred, np.repeat(np.arange(n), count)))
-    # Stream order: sort by (rank, stream), stably, and link neighbours of one stream.
-    key = rank.astype(np.int64) << 32 | stream.astype(np.int64)
-    order = np.argsort(key, kind="stable")
-    same = key[order[1:]] == key[order[:-1]]
-    parts.append((order[:-1][same], order[1:][same]))
-    pred = np.concatenate([p for p, _ in parts])
-    succ = np.concatenate([s for _, s in parts])
+    after = np.flatnonzero(graph.stream_pred >= 0).astype(np.int32)
+    pred = np.concatenate([graph.data_pred, graph.ctrl_pred, graph.stream_pred[after]])
+    succ = np.concatenate([graph.data_succ, graph.ctrl_succ, after])
     by_succ = np.argsort(succ, kind="stable")  # each node's edges together, in the order above
     return pred[by_succ], succ[by_succ]
 

@@ -51,28 +51,6 @@ DISPATCH_SCALE_BYTE = 4  # the per-token fp32 scale written beside the INT8 toke
 DISPATCH_ALIGN_BYTE = 512  # token slots are padded to 512 B: 7,168 + 4 -> 7,680 (SPEC.md 2.5)
 
 
-def collective_instances(trace):
-    """Each collective as the list of its members' node ids, in the group's rank order."""
-    groups = trace.header.get("groups", {})
-    by = {}
-    order = []
-    for node in trace.nodes:
-        if node.type != "COMM_COLL":
-            continue
-        g = node.attrs["cmemu.group"]
-        key = (g, node.rank)
-        k = by.setdefault(key, [])
-        k.append(node.id)
-        if g not in order:
-            order.append(g)
-    out = []
-    for g in order:
-        ranks = groups[g]
-        for k in range(len(by[(g, ranks[0])])):
-            out.append([by[(g, r)][k] for r in ranks])
-    return out
-
-
 def dispatch_payload_byte(hidden: int) -> int:
     return -(-(hidden + DISPATCH_SCALE_BYTE) // DISPATCH_ALIGN_BYTE) * DISPATCH_ALIGN_BYTE
 
@@ -145,9 +123,9 @@ class _Ctx:
         return self.vector_ps({"num_ops": 0, "tensor_size": int(nbytes), "cmemu.cores": int(cores)})
 
 
-def collective_blocks(topo, trace, index: dict, base: int):
+def collective_blocks(topo, trace, base: int):
     """Every collective of the trace as a block of ops placed from op ``base`` on, in the order
-    of ``collective_instances``: the parts for ``builder.assemble`` (a block and the members'
+    of ``trace.graph.collectives``: the parts for ``builder.assemble`` (a block and the members'
     trace ops), and the members' trace ops with each one's entry op.
 
     A collective is lowered once per *shape*: its first member's attrs dict (the loader shares
@@ -159,8 +137,7 @@ def collective_blocks(topo, trace, index: dict, base: int):
     nodes = trace.nodes
     shapes = {}
     parts, members, entries = [], [], []
-    for ids in collective_instances(trace):
-        ops = [index[i] for i in ids]
+    for ops in trace.graph.collectives:
         attrs = nodes[ops[0]].attrs
         key = (id(attrs), tuple(nodes[i].rank for i in ops))
         shape = shapes.get(key)
