@@ -158,12 +158,17 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     """
     nodes = trace.nodes
     n = len(nodes)
-    shape_of = {}
-    shape = np.array([shape_of.setdefault(key, len(shape_of)) for key in
-                      zip(map(attrgetter("type"), nodes), map(id, map(attrgetter("attrs"), nodes)))], dtype=np.int64)
-    first = np.unique(shape, return_index=True)[1]  # shapes are numbered in order of first node
+    # (type, attrs dict) as one number: the dict's id (an address, below 2**48) and the type's code.
+    key = np.fromiter(map(id, map(attrgetter("attrs"), nodes)), dtype=np.int64, count=n) * len(OP_TYPES)
+    key += np.fromiter(map(OP_TYPE_CODE.__getitem__, map(attrgetter("type"), nodes)), dtype=np.int64, count=n)
+    _, first, shape = np.unique(key, return_index=True, return_inverse=True)
+    del key
+    renumber = np.empty(first.size, dtype=np.int64)  # shapes numbered in order of their first node
+    renumber[np.argsort(first)] = np.arange(first.size)
+    shape = renumber[shape.reshape(-1)]
+    first = np.sort(first)
     mem_latency = (hbm_latency_ps(die, store=False), hbm_latency_ps(die, store=True))
-    table = {c: np.zeros(len(shape_of), dtype=dt) for c, dt in
+    table = {c: np.zeros(first.size, dtype=dt) for c, dt in
              (("kind", np.uint8), ("type", np.uint8), ("nbytes", np.int64), ("dur", np.int64), ("lat", np.int64),
               ("aic", np.int32), ("aiv", np.int32), ("hbm", np.int64))}
     pipes = []  # per shape: (pipe codes, busy ps per core) of the die model's pipe tasks
