@@ -1,9 +1,10 @@
 """The HDF5 timeline writer, layout version 5 (documented in docs/timeline-format.md).
 
 Every dataset is one-dimensional (``/dies/busy_ps`` is two), chunked, and compressed as asked
-(gzip with the shuffle filter by default, lzf, or none). Data goes to the file one chunk at a
-time, so writing needs memory for one chunk beyond the arrays the run already holds; the op names
-(a Python list in ``Lowered``) are encoded chunk by chunk too.
+(gzip level 1 with the shuffle filter by default, lzf, or none). Data goes to the file a chunk at
+a time (gzip: up to PENDING_CHUNKS compressed at once, in threads), rows put in order a chunk at a
+time too, so writing needs memory for a few chunks beyond the arrays the run already holds; the
+op names (a Python list in ``Lowered``) are encoded chunk by chunk too.
 
 Written to a temporary file beside the target and renamed at the end, so an interrupted run
 never leaves a half-written file under the target name. The reader is ``cmemu.output.reader``.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
+from collections import deque
 from pathlib import Path
 
 import h5py
@@ -30,6 +33,7 @@ from cmemu.output.schema import (
     check_compression,
     check_detail,
 )
+from cmemu.output.columns import lexsort_order, sum_by
 from cmemu.output.summary import die_summary
 from cmemu.topology import LINK_KIND_NAMES
 
@@ -38,39 +42,95 @@ LINK_KIND_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(LINK_KIND_NAM
 PIPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(PIPE_NAMES)}, basetype="u1")
 PACKET_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(PACKET_TYPE_NAMES)}, basetype="u1")
 CHUNK_ROWS = 1 << 16
+# zlib's level 1: about 5% larger files than its level 4 (cmemu's before), for a third less
+# time compressing, most of the time of writing a big run's timeline.
+GZIP_LEVEL = 1
+# Threads that compress chunks: the cores this process may use, at most four; and the chunks
+# (of at most 0.5 MiB each before compression) they may have in the works at once.
+WRITER_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+PENDING_CHUNKS = 32
 
 TASKS_RECORDED = "recorded"
 TASKS_NOT_RECORDED = "not recorded: this engine has no pipe/engine model yet (RunResult.tasks is None)"
 TASKS_OMITTED = "omitted: written with --detail ops"
 
 
+def _pack(rows, chunks, dtype, level: int) -> bytes:
+    """One chunk as HDF5 stores it with the shuffle and deflate filters: the rows padded to the
+    whole chunk, byte k of every element together for each k, then zlib at ``level``."""
+    rows = np.ascontiguousarray(rows, dtype=dtype)
+    if rows.shape[0] < chunks[0]:  # the last chunk: HDF5 stores it whole
+        whole = np.zeros(chunks, dtype=dtype)
+        whole[:rows.shape[0]] = rows
+        rows = whole
+    raw = rows.reshape(-1).view(np.uint8)
+    if dtype.itemsize > 1:
+        raw = np.ascontiguousarray(raw.reshape(-1, dtype.itemsize).T)
+    return zlib.compress(raw.data, level)
+
+
 class _Writer:
-    """Creates chunked, compressed datasets and fills them one chunk at a time."""
+    """Creates chunked, compressed datasets and fills them a chunk at a time.
+
+    With gzip, chunks are shuffled and compressed in worker threads (zlib lets go of the GIL)
+    and written as they are (``write_direct_chunk``): the same filters and the same data read
+    back, on every core. Up to PENDING_CHUNKS chunks are in the works at once, across datasets,
+    so that the writer's own work (checks, orders) goes on while they are compressed; ``flush``
+    writes them all. lzf and no compression go through h5py's own filters.
+    """
 
     def __init__(self, compression: str):
         check_compression(compression)
+        self.level = None
         if compression == "gzip":
-            self.filters = dict(compression="gzip", compression_opts=4, shuffle=True)
+            self.level = GZIP_LEVEL
+            self.filters = dict(compression="gzip", compression_opts=GZIP_LEVEL, shuffle=True)
         elif compression == "lzf":
             self.filters = dict(compression="lzf", shuffle=True)
         else:
             self.filters = {}
+        self.pool = None
+        self.pending = deque()  # (dataset, chunk offset, future of its bytes), in submission order
 
-    def dataset(self, group, name, data, dtype=None, unit=None, doc=None):
-        """Write ``data`` (an array, or a list of str) under ``group/name``."""
+    def flush(self, keep: int = 0) -> None:
+        """Write the compressed chunks, oldest first, until at most ``keep`` are pending."""
+        while len(self.pending) > keep:
+            ds, offset, done = self.pending.popleft()
+            ds.id.write_direct_chunk(offset, done.result())
+
+    def close(self) -> None:
+        """Stop the workers; chunks not flushed are dropped (after an error)."""
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+        self.pending.clear()
+
+    def dataset(self, group, name, data, dtype=None, unit=None, doc=None, order=None):
+        """Write ``data`` (an array, or a list of str) under ``group/name``; with ``order`` (row
+        indices), the rows ``data[order]``, gathered a chunk at a time."""
         is_list = isinstance(data, list)
         if not is_list:
             data = np.asarray(data)
-        n = len(data)
+        n = len(data) if order is None else len(order)
         if dtype is None:
             dtype = h5py.string_dtype() if is_list else data.dtype
         shape = (n,) + (() if is_list else data.shape[1:])
         chunks = (max(1, min(n, CHUNK_ROWS)),) + shape[1:]
         ds = group.create_dataset(name, shape=shape, maxshape=(None,) + shape[1:], dtype=dtype,
                                   chunks=chunks, **self.filters)
+        direct = self.level is not None and not is_list
+        if direct and self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(WRITER_THREADS)
         for lo in range(0, n, CHUNK_ROWS):
-            part = data[lo:lo + CHUNK_ROWS]
-            ds[lo:lo + len(part)] = np.array(part, dtype=object) if is_list else part
+            rows = data[lo:lo + CHUNK_ROWS] if order is None else data[order[lo:lo + CHUNK_ROWS]]
+            if direct:
+                self.pending.append((ds, (lo,) + (0,) * (len(shape) - 1),
+                                     self.pool.submit(_pack, rows, chunks, np.dtype(ds.dtype), self.level)))
+                self.flush(PENDING_CHUNKS)
+            else:
+                ds[lo:lo + len(rows)] = np.array(rows, dtype=object) if is_list else rows
         if unit:
             ds.attrs["unit"] = unit
         if doc:
@@ -87,10 +147,13 @@ def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks
     try:
         with h5py.File(tmp, "w") as f:
             _write(f, result, w, detail)
+            w.flush()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        w.close()
     return path
 
 
@@ -182,19 +245,21 @@ def _write_packets(f, r, w: _Writer) -> None:
             i = int(bad[0])
             raise ValueError(f"RunResult.packets: the {name} of link {i}'s packets sum to {summed[i]}, "
                              f"but the run's total is {int(totals[i])}")
-    order = np.argsort(cols["start_ps"], kind="stable")  # the engine's start order, kept if sorted
+    start = cols["start_ps"]
+    # The engine's start order, kept if sorted.
+    order = None if start.size < 2 or np.all(start[1:] >= start[:-1]) else np.argsort(start, kind="stable")
     g = f.create_group("packets")
     g.attrs["doc"] = ("one row per transmission of a packet on a link (--detail packets), in the order they "
                       "started; per link the rows sum to /links bytes and busy_ps")
-    w.dataset(g, "start_ps", cols["start_ps"][order], unit="ps", doc="when its head started serialising onto the link")
-    w.dataset(g, "end_ps", cols["end_ps"][order], unit="ps", doc="when its tail left the sender")
-    w.dataset(g, "link", link[order], doc="row in /links")
-    w.dataset(g, "msg", msg[order], doc="row in /messages; -1 for a message a collective made inside itself")
-    w.dataset(g, "op", op[order], doc="row in /ops of the op that moved it: a write's send, a read's receive, "
-                                      "or the collective")
-    w.dataset(g, "seq", cols["seq"][order], doc="packet number within its message, from 0")
-    w.dataset(g, "wire_bytes", cols["wire_bytes"][order], unit="B", doc="bytes on the wire, headers included")
-    w.dataset(g, "type", cols["type"][order], dtype=PACKET_TYPE_ENUM)
+    w.dataset(g, "start_ps", start, unit="ps", doc="when its head started serialising onto the link", order=order)
+    w.dataset(g, "end_ps", cols["end_ps"], unit="ps", doc="when its tail left the sender", order=order)
+    w.dataset(g, "link", link, doc="row in /links", order=order)
+    w.dataset(g, "msg", msg, doc="row in /messages; -1 for a message a collective made inside itself", order=order)
+    w.dataset(g, "op", op, doc="row in /ops of the op that moved it: a write's send, a read's receive, "
+                               "or the collective", order=order)
+    w.dataset(g, "seq", cols["seq"], doc="packet number within its message, from 0", order=order)
+    w.dataset(g, "wire_bytes", cols["wire_bytes"], unit="B", doc="bytes on the wire, headers included", order=order)
+    w.dataset(g, "type", cols["type"], dtype=PACKET_TYPE_ENUM, order=order)
 
 
 def _write_dies(f, r, spec, w: _Writer) -> None:
@@ -235,16 +300,16 @@ def _write_hbm_series(dies, series, r, w: _Writer) -> None:
     die, b = cols["die"], cols["bin"]
     if die.size and (die.min() < 0 or die.max() >= r.spec.dies or b.min() < 0 or cols["bytes"].min() < 0):
         raise ValueError("RunResult.hbm_series: die outside the system, negative bin or negative bytes")
-    order = np.lexsort((die, b))
+    order = lexsort_order((die, b))
     g = dies.create_group("hbm_binned")
     g.attrs["doc"] = ("HBM bytes per (die, time bin), only nonzero pairs, sorted by bin then die: each op's HBM "
                       "traffic (the die model's reads and writes; MEM_LOAD/MEM_STORE bytes; a collective's loads, "
                       "DMA reads and copies) over the op's run, at the rate its HBM share gave it")
     g.attrs["bin_ps"] = np.int64(bin_ps)
     g.attrs["bins"] = np.int64(-(-max(r.sim_end_ps, 1) // bin_ps))
-    w.dataset(g, "die", die[order], doc="row in /dies")
-    w.dataset(g, "bin", b[order], doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)")
-    w.dataset(g, "bytes", cols["bytes"][order], unit="B", doc="HBM bytes read and written in the bin")
+    w.dataset(g, "die", die, doc="row in /dies", order=order)
+    w.dataset(g, "bin", b, doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)", order=order)
+    w.dataset(g, "bytes", cols["bytes"], unit="B", doc="HBM bytes read and written in the bin", order=order)
 
 
 def _write_hbm_stack_series(dies, series, per_die, r, w: _Writer) -> None:
@@ -257,19 +322,17 @@ def _write_hbm_stack_series(dies, series, per_die, r, w: _Writer) -> None:
     if die.size and (die.min() < 0 or die.max() >= r.spec.dies or stack.min() < 0 or stack.max() >= stacks
                      or b.min() < 0 or cols["bytes"].min() < 0):
         raise ValueError("RunResult.hbm_stack_series: die or stack outside the system, negative bin or bytes")
-    order = np.lexsort((stack, die, b))
     # The stacks of each (die, bin) must add up to the per-die series.
     nb = int(max(b.max() if b.size else 0, np.max(per_die["bin"]) if len(per_die["bin"]) else 0)) + 1
-    summed = np.zeros(r.spec.dies * nb, dtype=np.int64)
-    np.add.at(summed, die.astype(np.int64) * nb + b, cols["bytes"])
-    want = np.zeros_like(summed)
-    np.add.at(want, np.asarray(per_die["die"], dtype=np.int64) * nb + np.asarray(per_die["bin"], dtype=np.int64),
-              np.asarray(per_die["bytes"], dtype=np.int64))
+    summed = sum_by(die.astype(np.int64) * nb + b, cols["bytes"], r.spec.dies * nb)
+    want = sum_by(np.asarray(per_die["die"], dtype=np.int64) * nb + np.asarray(per_die["bin"], dtype=np.int64),
+                  per_die["bytes"], r.spec.dies * nb)
     bad = np.flatnonzero(summed != want)
     if bad.size:
         d, k = divmod(int(bad[0]), nb)
         raise ValueError(f"RunResult.hbm_stack_series: the stacks of die {d} in bin {k} sum to {summed[bad[0]]} B, "
                          f"the per-die series has {want[bad[0]]} B")
+    order = lexsort_order((stack, die, b))
     g = dies.create_group("hbm_stack_binned")
     g.attrs["doc"] = ("HBM bytes per (die, stack, time bin), only nonzero triples, sorted by bin, die, stack: "
                       "each op's HBM bytes split over the stacks by the address interleave (a contiguous "
@@ -277,10 +340,11 @@ def _write_hbm_stack_series(dies, series, per_die, r, w: _Writer) -> None:
     g.attrs["bin_ps"] = np.int64(bin_ps)
     g.attrs["bins"] = np.int64(-(-max(r.sim_end_ps, 1) // bin_ps))
     g.attrs["stacks"] = np.int64(stacks)
-    w.dataset(g, "die", die[order], doc="row in /dies")
-    w.dataset(g, "stack", stack[order], doc="HBM stack of the die, 0 .. stacks - 1")
-    w.dataset(g, "bin", b[order], doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)")
-    w.dataset(g, "bytes", cols["bytes"][order], unit="B", doc="HBM bytes read and written on the stack in the bin")
+    w.dataset(g, "die", die, doc="row in /dies", order=order)
+    w.dataset(g, "stack", stack, doc="HBM stack of the die, 0 .. stacks - 1", order=order)
+    w.dataset(g, "bin", b, doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)", order=order)
+    w.dataset(g, "bytes", cols["bytes"], unit="B", doc="HBM bytes read and written on the stack in the bin",
+              order=order)
 
 
 def _write_moe_pairs(f, r, w: _Writer) -> None:
@@ -334,14 +398,14 @@ def _write_link_series(links, series, r, w: _Writer) -> None:
         raise ValueError(f"RunResult.link_series: link outside 0..{nlinks - 1} or negative bin")
     if np.any(cols["busy_ps"] > bin_ps) or np.any(cols["busy_ps"] < 0) or np.any(cols["bytes"] < 0):
         raise ValueError(f"RunResult.link_series: busy_ps outside 0..bin_ps ({bin_ps}) or negative bytes")
-    order = np.lexsort((link, b))
+    order = lexsort_order((link, b))
     pairs = b[order].astype(np.int64) * nlinks + link[order]
     if pairs.size > 1 and np.any(pairs[1:] == pairs[:-1]):
         raise ValueError("RunResult.link_series: a (link, bin) pair appears twice")
+    del pairs
     # The bins must add up to the run's totals, or one of the two is wrong.
     for name, totals in (("bytes", r.link_bytes), ("busy_ps", r.link_busy_ps)):
-        summed = np.zeros(nlinks, dtype=np.int64)
-        np.add.at(summed, link, cols[name])
+        summed = sum_by(link, cols[name], nlinks)
         bad = np.flatnonzero(summed != np.asarray(totals, dtype=np.int64))
         if bad.size:
             i = int(bad[0])
@@ -351,10 +415,11 @@ def _write_link_series(links, series, r, w: _Writer) -> None:
     g.attrs["doc"] = "per (link, time bin) counters, only nonzero pairs, sorted by bin then link"
     g.attrs["bin_ps"] = np.int64(bin_ps)
     g.attrs["bins"] = np.int64(-(-max(r.sim_end_ps, 1) // bin_ps))
-    w.dataset(g, "link", link[order], doc="row in /links")
-    w.dataset(g, "bin", b[order], doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)")
-    w.dataset(g, "bytes", cols["bytes"][order], unit="B", doc="bytes of the packets that started serialising in the bin")
-    w.dataset(g, "busy_ps", cols["busy_ps"][order], unit="ps", doc="time the link spent serialising in the bin")
+    w.dataset(g, "link", link, doc="row in /links", order=order)
+    w.dataset(g, "bin", b, doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)", order=order)
+    w.dataset(g, "bytes", cols["bytes"], unit="B", doc="bytes of the packets that started serialising in the bin",
+              order=order)
+    w.dataset(g, "busy_ps", cols["busy_ps"], unit="ps", doc="time the link spent serialising in the bin", order=order)
 
 
 def _write_tasks(f, r, w: _Writer, detail: str) -> None:

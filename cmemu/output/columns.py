@@ -1,0 +1,63 @@
+"""Column helpers of the timeline writer (Numba kernels): a stable order by small integer keys and
+exact integer sums by index.
+
+``lexsort_order`` gives ``np.lexsort``'s order (stable, the last key primary) by a counting sort
+per key, O(rows + key range) each, where ``np.lexsort`` compares; a key already in order costs a
+check and no pass. ``sum_by`` is ``np.add.at`` into zeros for int64 values: exact (no float
+weights, as ``np.bincount`` would use), without ``ufunc.at``'s per-element overhead.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _stable_by(key, lo, n_keys, perm):
+    # The rows of perm stably sorted by key[row] - lo (a counting sort).
+    counts = np.zeros(n_keys + 1, np.int64)
+    for i in range(perm.shape[0]):
+        counts[key[perm[i]] - lo + 1] += 1
+    for k in range(n_keys):
+        counts[k + 1] += counts[k]
+    out = np.empty_like(perm)
+    for i in range(perm.shape[0]):
+        k = key[perm[i]] - lo
+        out[counts[k]] = perm[i]
+        counts[k] += 1
+    return out
+
+
+@njit(cache=True)
+def _sum_by(index, value, n):
+    out = np.zeros(n, np.int64)
+    for i in range(index.shape[0]):
+        out[index[i]] += value[i]
+    return out
+
+
+def lexsort_order(keys) -> np.ndarray:
+    """``np.lexsort(keys)`` (int64 row order, stable, sorted by the last key first) for keys of
+    integers; by counting sorts when each key's range is at most a few times the rows, by
+    ``np.lexsort`` otherwise."""
+    keys = [np.asarray(k) for k in keys]
+    n = keys[0].shape[0] if keys else 0
+    if n == 0 or any(not np.issubdtype(k.dtype, np.integer) or k.shape != (n,) for k in keys):
+        return np.lexsort(keys)
+    spans = [(int(k.min()), int(k.max())) for k in keys]
+    if any(hi - lo > max(4 * n, 1 << 16) for lo, hi in spans):
+        return np.lexsort(keys)
+    perm = None
+    for k, (lo, hi) in zip(keys, spans):
+        if perm is None and (n < 2 or bool(np.all(k[1:] >= k[:-1]))):
+            continue  # in order already: a stable sort by it leaves the rows as they are
+        perm = _stable_by(k, lo, hi - lo + 1, np.arange(n, dtype=np.int64) if perm is None else perm)
+    return np.arange(n, dtype=np.int64) if perm is None else perm
+
+
+def sum_by(index, value, n: int) -> np.ndarray:
+    """int64 ``[n]``: the sum of ``value`` per ``index`` (each in 0 .. n - 1), exactly."""
+    index = np.asarray(index)
+    if index.size and (index.min() < 0 or index.max() >= n):
+        raise IndexError(f"sum_by: an index outside 0..{n - 1}")
+    return _sum_by(index, np.asarray(value, dtype=np.int64), np.int64(n))
