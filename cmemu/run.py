@@ -577,9 +577,7 @@ def run_trace(
     )
     del engine  # with record_packets, its copy of the records
     check_invariants(full)
-    if lowered.pipe_task_op.size:
-        full.pipe_tasks, full.pipe_intervals = pipe_interval_tasks(full, pipe_intervals)
-    result = trace_result(full)
+    result = trace_result(full, pipe_intervals)
     del full, lowered, fabric  # the whole lowering: the result keeps its view of the trace's ops
     result.wall_time_s = time.perf_counter() - t0
     if output is not None:
@@ -622,8 +620,8 @@ def _trace_failures(trace) -> tuple[list[str], list[tuple[int, str]]]:
     return static, timed
 
 
-# _hbm_series spreads at most about this many (op, stack) intervals at once.
-HBM_SPREAD_INTERVALS = 4_000_000
+# _hbm_series spreads the dies a group at a time, of at most about this many (op, stack) intervals.
+HBM_SPREAD_INTERVALS = 1_000_000
 
 
 def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
@@ -634,7 +632,7 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     addresses, so a die's ops take regions one after the other, in op order. The per-die series is
     the per-stack one summed, so both agree."""
     from cmemu._core import hbm_sharing
-    from cmemu._core.binning import bin_intervals, clock_tables
+    from cmemu._core.binning import bin_by_die, clock_tables
     from cmemu.die.hbm import HBMParams, stack_bytes
 
     if full.link_series is None:
@@ -644,70 +642,53 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     bin_ps = int(full.link_series["bin_ps"])
     hp = HBMParams.from_die(full.spec.die)
     stacks = hp.stacks
-    # Regions one after the other per die (a bump allocator over the ops, in op order).
-    nbytes = L.op_hbm_bytes[has].astype(np.int64)
-    period = hp.pseudo_channels * hp.granule_byte
-    order = np.argsort(L.op_rank[has], kind="stable")
-    after = np.cumsum(nbytes[order] % period)
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = L.op_rank[has][order][1:] != L.op_rank[has][order][:-1]
-    group_start = np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
-    base = np.empty_like(nbytes)
-    base[order] = (after - (nbytes[order] % period) - (after - nbytes[order] % period)[group_start]) % period
-    share = stack_bytes(hp, nbytes, base)  # [ops, stacks]
-    del nbytes, base, order, after, first, group_start
-    rank = L.op_rank[has]
-    start = full.op_start_ps[has]
-    # A MEM op's bytes move before its access latency, which ends it.
-    end = np.maximum(start, full.op_end_ps[has] - np.where(L.op_kind[has] == OP_KIND_MEM, L.op_lat_ps[has], 0))
-    # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
-    shared = clock = None
-    if full.hbm_clock is not None and len(full.hbm_clock["die"]):
-        shared = hbm_sharing(L)[1][has] > 0
-        clock = clock_tables(full.hbm_clock, int(L.die_aic_cores.shape[0]))
-    rep = lambda a: np.repeat(a, stacks)  # noqa: E731
-    # A die's cells depend on its own ops only: spread the dies a group at a time, so that the
-    # per-(op, stack) intervals of a big run are never all in memory at once.
     dies = int(L.die_aic_cores.shape[0])
-    groups = max(1, min(dies, -(-has.size * stacks // HBM_SPREAD_INTERVALS)))
-    parts = []
-    for lo, hi in zip(np.arange(groups) * dies // groups, (np.arange(groups) + 1) * dies // groups):
-        sel = np.flatnonzero((rank >= lo) & (rank < hi))
-        keys = ((rank[sel].astype(np.int64) - lo)[:, None] * stacks + np.arange(stacks)[None, :]).ravel()
-        clock_of = rep(np.where(shared[sel], rank[sel], -1)) if shared is not None else None
-        key, b, nb = bin_intervals(keys, rep(start[sel]), rep(end[sel]), share[sel].ravel(), bin_ps,
-                                   clock_of=clock_of, clock=clock)
-        keep = nb > 0
-        parts.append((key[keep].astype(np.int64) + lo * stacks, b[keep], nb[keep]))
-    key, b, nbytes = (np.concatenate([p[i] for p in parts]) for i in range(3))
-    del parts
-    die, stack = key // stacks, key % stacks
-    order = np.lexsort((stack, b, die))  # by die, bin, stack: the stacks of a (die, bin) side by side
-    die, stack, b, nbytes = die[order], stack[order], b[order], nbytes[order]
-    per_stack = {"bin_ps": bin_ps, "stacks": stacks, "die": die.astype(np.int32), "stack": stack.astype(np.int8),
-                 "bin": b, "bytes": nbytes}
-    # Sum the stacks of each (die, bin).
-    pair = die.astype(np.int64) * (int(b.max()) + 1 if b.size else 1) + b
-    first = np.ones(pair.size, dtype=bool)
-    first[1:] = pair[1:] != pair[:-1]
-    starts = np.flatnonzero(first)
-    per_die = {"bin_ps": bin_ps, "die": die[starts].astype(np.int32), "bin": b[starts],
-               "bytes": np.add.reduceat(nbytes, starts) if starts.size else nbytes[:0]}
+    # The ops by die, in op order within a die: die d's are order[ptr[d]:ptr[d + 1]].
+    rank = L.op_rank[has]
+    order = np.argsort(rank, kind="stable")
+    ptr = np.zeros(dies + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rank, minlength=dies)[:dies], out=ptr[1:])
+    # Regions one after the other per die (a bump allocator over the ops, in op order).
+    nbytes = L.op_hbm_bytes[has][order]
+    period = hp.pseudo_channels * hp.granule_byte
+    part = (nbytes % period).astype(np.int64)
+    base = np.cumsum(part) - part  # the bytes before each op, of its die's and all earlier dies' ops
+    base -= np.repeat(base[ptr[:-1][ptr[:-1] < ptr[1:]]], np.diff(ptr)[np.diff(ptr) > 0])
+    base %= period
+    del part
+    start = full.op_start_ps[has][order]
+    # A MEM op's bytes move before its access latency, which ends it.
+    lat = np.where(L.op_kind[has] == OP_KIND_MEM, L.op_lat_ps[has], 0)[order]
+    end = np.maximum(start, full.op_end_ps[has][order] - lat)
+    del lat
+    # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
+    clock_of = clock = None
+    if full.hbm_clock is not None and len(full.hbm_clock["die"]):
+        clock_of = np.where(hbm_sharing(L)[1][has][order] > 0, rank[order], -1)
+        clock = clock_tables(full.hbm_clock, dies)
+    # A die's cells depend on its own ops only: spread the dies a group at a time, so that the
+    # per-(op, stack) bytes of a big run are never all in memory at once.
+    cols = bin_by_die(ptr, start, end, lambda a, b: stack_bytes(hp, nbytes[a:b], base[a:b]), bin_ps,
+                      clock_of=clock_of, clock=clock, group_rows=max(1, HBM_SPREAD_INTERVALS // stacks))
+    per_stack = {"bin_ps": bin_ps, "stacks": stacks, "die": cols[0], "stack": cols[1], "bin": cols[2],
+                 "bytes": cols[3]}
+    per_die = {"bin_ps": bin_ps, "die": cols[4], "bin": cols[5], "bytes": cols[6]}
     return per_die, per_stack
 
 
 def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
-                        max_rows: int | None = None) -> tuple[dict, int]:
+                        max_rows: int | None = None, lead: int = 0) -> tuple[dict, int]:
     """The die model's pipe busy intervals of every COMP op it timed, as /tasks rows (pipe codes
     of ``output.schema.PIPE_CODE``, times in ps, bytes 0), and the intervals per op and pipe
-    they were merged to (``cmemu.die.intervals.op_pipe_intervals``).
+    they were merged to (``cmemu.die.intervals.op_pipe_intervals``). The first ``lead`` rows are
+    left for the caller to fill (bytes 0, the other columns unset).
 
     At most ``max_intervals`` per op and pipe (``DEFAULT_PIPE_INTERVALS``); if the run would
     then hold more than ``max_rows`` rows (``MAX_PIPE_TASK_ROWS``), the limit is halved until it
     fits or is 1, so that a big run's /tasks stays bounded (a warning says so)."""
     import warnings
 
-    from cmemu.die.intervals import op_pipe_intervals
+    from cmemu.die.intervals import op_pipe_intervals, op_rows
     from cmemu.die.ops import node_cost
     from cmemu.output.schema import PIPE_CODE
 
@@ -717,19 +698,30 @@ def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
     cap = MAX_PIPE_TASK_ROWS if max_rows is None else int(max_rows)
     L = full.lowered
     die = full.spec.die
-    ops = np.unique(L.pipe_task_op)
+    op_of = L.pipe_task_op
+    if op_of.size and np.all(op_of[1:] >= op_of[:-1]):  # in op order, as the lowering makes them
+        ops = op_of[np.flatnonzero(np.concatenate([[True], op_of[1:] != op_of[:-1]]))]
+    else:
+        ops = np.unique(op_of)
     nodes = full.trace.nodes
-    # Ops of one shape share one (memoised) cost: work per distinct cost, then repeat.
+    # Ops of one shape share one (memoised) cost: work per distinct cost, then repeat. Nodes with
+    # equal attributes share one attrs dict (the loader's), so a cost is looked up once per dict.
     costs, cost_of = [], np.empty(ops.size, dtype=np.int64)
-    index = {}
+    index, of_attrs = {}, {}
     for k, op in enumerate(ops.tolist()):
-        c = node_cost(die, nodes[op].attrs)
-        u = index.get(id(c))
+        attrs = nodes[op].attrs
+        u = of_attrs.get(id(attrs))
         if u is None:
-            u = index[id(c)] = len(costs)
-            costs.append(c)
+            c = node_cost(die, attrs)
+            u = index.get(id(c))
+            if u is None:
+                u = index[id(c)] = len(costs)
+                costs.append(c)
+            of_attrs[id(attrs)] = u
         cost_of[k] = u
+    del of_attrs
     uses = np.bincount(cost_of, minlength=len(costs))
+    cycle_ps = 1e6 / die.ai_core_clock_mhz
 
     def table(n):
         rows = []
@@ -740,7 +732,8 @@ def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
                 else np.zeros(0, np.uint8)
             s = np.concatenate([iv[p][0] for p in names]) if names else np.zeros(0)
             e = np.concatenate([iv[p][1] for p in names]) if names else np.zeros(0)
-            rows.append((pipe, s, e))
+            # Offsets from the op's start in ps, as every op of this cost shifts them.
+            rows.append((pipe, np.round(s * cycle_ps).astype(np.int64), np.round(e * cycle_ps).astype(np.int64)))
         return rows
 
     rows = table(n_max)
@@ -751,23 +744,7 @@ def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
     if n < n_max:
         warnings.warn(f"the pipe intervals of {ops.size:,} COMP ops would pass {cap:,} rows at {n_max} per op "
                       f"and pipe; /tasks keeps at most {n} per op and pipe", stacklevel=2)
-    count = np.array([len(r[0]) for r in rows], dtype=np.int64)[cost_of]
-    first = np.concatenate([[0], np.cumsum([len(r[0]) for r in rows])])
-    pipe_all = np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.uint8)
-    s_all = np.concatenate([r[1] for r in rows]) if rows else np.zeros(0)
-    e_all = np.concatenate([r[2] for r in rows]) if rows else np.zeros(0)
-    op_rep = np.repeat(ops, count)
-    # Row j of op k is row (j - first row of op k) of its cost's table.
-    local = np.arange(op_rep.size) - np.repeat(np.cumsum(count) - count, count)
-    src = np.repeat(first[cost_of], count) + local
-    cycle_ps = 1e6 / die.ai_core_clock_mhz
-    begin = full.op_start_ps[op_rep]
-    stop = full.op_end_ps[op_rep]
-    start_ps = np.minimum(begin + np.round(s_all[src] * cycle_ps).astype(np.int64), stop)
-    end_ps = np.minimum(begin + np.round(e_all[src] * cycle_ps).astype(np.int64), stop)
-    return ({"die": L.op_rank[op_rep].astype(np.int32), "pipe": pipe_all[src].astype(np.uint8),
-             "op": op_rep.astype(np.int32), "start_ps": start_ps, "end_ps": end_ps,
-             "bytes": np.zeros(op_rep.size, dtype=np.int64)}, n)
+    return op_rows(ops, cost_of, rows, full.op_start_ps, full.op_end_ps, L.op_rank, lead=lead), n
 
 
 MOE_PAIR_WALK_LIMIT = 4096  # ops a combine's dependencies are searched through for its dispatch
@@ -845,36 +822,46 @@ def packet_rows(full: RunResult, keep: np.ndarray) -> dict:
     return rows
 
 
-def trace_result(full: RunResult) -> RunResult:
+def trace_result(full: RunResult, pipe_intervals: int | None = None) -> RunResult:
     """What a user sees of a run: the trace's own ops (a collective's node spans from its entry
-    to its exit) and the messages between them; the ops a lowering added become tasks."""
+    to its exit) and the messages between them; the ops a lowering added become tasks.
+
+    The COMP ops' pipe intervals are ``full.pipe_tasks`` when given, else made here
+    (``pipe_interval_tasks``, at most ``pipe_intervals`` per op and pipe) after the collectives'
+    internal steps, in the same arrays."""
     import dataclasses
 
     L = full.lowered
     nt = L.num_trace_ops
-    start = full.op_start_ps.copy()
-    spans = np.flatnonzero(L.op_report_start >= 0)
+    # First the HBM series, whose working arrays are the largest, before the tasks are held.
+    hbm_die, hbm_stack = _hbm_series(full)
+    start = full.op_start_ps[:nt].copy()
+    spans = np.flatnonzero(L.op_report_start[:nt] >= 0)
     start[spans] = full.op_start_ps[L.op_report_start[spans]]
     view, keep = L.trace_view()
-    tasks = full.tasks
+    tasks, n_pipe = full.tasks, full.pipe_intervals
+    # The internal steps of collectives (on SDMA / AIV-Direct / VECTOR), then the die model's pipe
+    # busy intervals of each COMP op, in one set of arrays.
     inner = np.flatnonzero(L.op_lane[nt:] >= 0) + nt
-    parts = []
-    if inner.size:  # the internal steps of collectives, on SDMA / AIV-Direct / VECTOR
-        parts.append({"die": L.op_rank[inner].astype(np.int32), "pipe": L.op_lane[inner].astype(np.uint8),
-                      "op": L.op_parent[inner].astype(np.int32), "start_ps": full.op_start_ps[inner],
-                      "end_ps": full.op_end_ps[inner], "bytes": L.op_bytes[inner]})
-    if L.pipe_task_op.size:  # the die model's pipe busy intervals of each COMP op
-        parts.append(full.pipe_tasks if full.pipe_tasks is not None else pipe_interval_tasks(full)[0])
-    if parts:
+    cols = {"die": (L.op_rank, np.int32), "pipe": (L.op_lane, np.uint8), "op": (L.op_parent, np.int32),
+            "start_ps": (full.op_start_ps, None), "end_ps": (full.op_end_ps, None), "bytes": (L.op_bytes, None)}
+    if L.pipe_task_op.size and full.pipe_tasks is None:
+        tasks, n_pipe = pipe_interval_tasks(full, pipe_intervals, lead=inner.size)
+        for k, (col, _) in cols.items():  # a column at a time
+            tasks[k][:inner.size] = col[inner]
+    elif L.pipe_task_op.size or inner.size:  # the pipe intervals given (full.pipe_tasks), or none
+        parts = [{k: col[inner] if dtype is None else col[inner].astype(dtype) for k, (col, dtype) in cols.items()}]
+        if L.pipe_task_op.size:
+            parts.append(full.pipe_tasks)
         tasks = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    hbm_die, hbm_stack = _hbm_series(full)
+    del inner, cols
     packets = packet_rows(full, keep) if full.packets is not None else None
     return dataclasses.replace(
-        full, lowered=view, op_start_ps=start[:nt], op_end_ps=full.op_end_ps[:nt], tasks=tasks,
+        full, lowered=view, op_start_ps=start, op_end_ps=full.op_end_ps[:nt].copy(), tasks=tasks,
         msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],
         hbm_series=hbm_die, hbm_stack_series=hbm_stack, moe_pairs=moe_pairs(full.trace), packets=packets,
         fabric_messages=L.num_messages, fabric_packets=int(full.msg_packets.sum()),
-        fabric_bytes=int(L.msg_bytes.sum()),
+        fabric_bytes=int(L.msg_bytes.sum()), pipe_intervals=n_pipe,
     )
 
 

@@ -92,6 +92,142 @@ def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs, grid):
     return out_key, out_bin, out_val
 
 
+@njit(cache=True)
+def _clock_from(t, lo, hi, ct, cv, cs, at):
+    """``_clock_at`` searched outward from record ``at`` (the last one found): (clock, record).
+    The same record as the binary search, the last at or before t, found in a few steps when
+    the times asked come in about increasing order."""
+    if hi <= lo or t < ct[lo]:
+        return float(t), lo
+    if at < lo or at >= hi:
+        at = lo
+    step = 1
+    if ct[at] <= t:  # ahead: the answer is in [a, min(a + step, hi) - 1]
+        a = at
+        while a + step < hi and ct[a + step] <= t:
+            a += step
+            step *= 2
+        b = min(a + step, hi) - 1
+    else:  # behind: ct[b] > t, and ct[lo] <= t
+        b = at
+        while b - step > lo and ct[b - step] > t:
+            b -= step
+            step *= 2
+        a = max(b - step, lo)
+        b -= 1
+    while a < b:
+        m = (a + b + 1) // 2
+        if ct[m] <= t:
+            a = m
+        else:
+            b = m - 1
+    return cv[a] + (t - ct[a]) * cs[a], a
+
+
+@njit(cache=True)
+def _spread_window(lo_i, hi_i, start, end, value, bin_ps, w0, w1, clock_of, cptr, ct, cv, cs, grid, given):
+    # Intervals lo_i:hi_i (one die's) summed into grid[bin - w0, key] for the bins w0 .. w1 - 1;
+    # returns the range of bins touched. The same arithmetic as ``_spread``, an interval's part
+    # of a bin computed once for all its keys.
+    nk = value.shape[1]
+    bmin, bmax = w1, w0 - 1
+    at = 0  # the clock record found last
+    for i in range(lo_i, hi_i):
+        s, e = start[i], end[i]
+        if e <= s:  # all its value in its bin
+            b = s // bin_ps
+            if b < w0 or b >= w1:
+                continue
+            for q in range(nk):
+                if value[i, q] > 0:
+                    grid[b - w0, q] += value[i, q]
+            bmin, bmax = min(bmin, b), max(bmax, b)
+            continue
+        b0 = s // bin_ps
+        last = (e - 1) // bin_ps
+        if last < w0 or b0 >= w1:
+            continue
+        c = clock_of[i]
+        vs, ve = 0.0, 0.0
+        if c >= 0:
+            vs, at = _clock_from(s, cptr[c], cptr[c + 1], ct, cv, cs, at)
+            ve, _ = _clock_from(e, cptr[c], cptr[c + 1], ct, cv, cs, at)
+            if ve <= vs:
+                c = -1
+        for q in range(nk):
+            given[q] = 0
+        lo, hi = max(b0, w0), min(last, w1 - 1)
+        # Bin b's part: of the time, or of the clock's advance from b's start (the interval's
+        # start, then the previous bin's end) to its end.
+        x0 = vs
+        k = at
+        for b in range(b0, hi + 1):
+            if b == last:
+                f = 0.0  # the last bin takes the rest
+            elif c >= 0:
+                x1, k = _clock_from(min(e, (b + 1) * bin_ps), cptr[c], cptr[c + 1], ct, cv, cs, k)
+                f = (x1 - x0) / (ve - vs)
+                x0 = x1
+            else:
+                f = (min(e, (b + 1) * bin_ps) - max(s, b * bin_ps)) / (e - s)
+            for q in range(nk):
+                v = value[i, q]
+                if v <= 0:
+                    continue
+                share = v - given[q] if b == last else np.int64(v * f)
+                given[q] += share
+                if b >= lo:
+                    grid[b - w0, q] += share
+        bmin, bmax = min(bmin, lo), max(bmax, hi)
+    return bmin, bmax
+
+
+@njit(cache=True)
+def _emit(grid, w0, bmin, bmax, die, k_die, k_key, k_bin, k_val, nkc, d_die, d_bin, d_val, ndc):
+    # The grid's cells above 0 in bins bmin .. bmax, per key and summed per bin; the grid cleared.
+    nk = grid.shape[1]
+    for b in range(bmin, bmax + 1):
+        total = 0
+        hit = False
+        for q in range(nk):
+            x = grid[b - w0, q]
+            grid[b - w0, q] = 0
+            if x <= 0:
+                continue
+            k_die[nkc] = die
+            k_key[nkc] = q
+            k_bin[nkc] = b
+            k_val[nkc] = x
+            nkc += 1
+            total += x
+            hit = True
+        if hit:
+            d_die[ndc] = die
+            d_bin[ndc] = b
+            d_val[ndc] = total
+            ndc += 1
+    return nkc, ndc
+
+
+@njit(cache=True)
+def _spread_dies(ptr, first_die, start, end, value, bin_ps, n_bins, window, clock_of, cptr, ct, cv, cs,
+                 k_die, k_key, k_bin, k_val, nkc, d_die, d_bin, d_val, ndc):
+    # Die first_die + d's intervals are rows ptr[d]:ptr[d + 1]; value[i, q] is interval i's value
+    # on key q. A die at a time, its bins a window at a time: sum into a grid of (bin, key), then
+    # append its cells to the outputs from nkc and ndc on (sized by the caller).
+    nk = value.shape[1]
+    grid = np.zeros((max(1, min(window, n_bins)), nk), np.int64)
+    given = np.zeros(nk, np.int64)
+    for d in range(ptr.shape[0] - 1):
+        for w0 in range(0, n_bins, window):
+            w1 = min(n_bins, w0 + window)
+            bmin, bmax = _spread_window(ptr[d], ptr[d + 1], start, end, value, bin_ps, w0, w1, clock_of,
+                                        cptr, ct, cv, cs, grid, given)
+            nkc, ndc = _emit(grid, w0, bmin, bmax, first_die + d, k_die, k_key, k_bin, k_val, nkc,
+                             d_die, d_bin, d_val, ndc)
+    return nkc, ndc
+
+
 def _combine(key, bin_, val):
     """Sum duplicate (key, bin) pairs; sorted by key then bin; pairs summing to 0 left out."""
     if key.size == 0:
@@ -110,20 +246,39 @@ def _combine(key, bin_, val):
 DENSE_CELLS = 1 << 24
 
 
+@njit(cache=True)
+def _clock_csr(die, t, clock, demand, capacity, dies):
+    # A counting sort of the records by die (stable: time order within a die), with each
+    # record's speed: capacity / demand while the demand is above the capacity, else 1.
+    ptr = np.zeros(dies + 1, np.int64)
+    for i in range(die.shape[0]):
+        ptr[die[i] + 1] += 1
+    for d in range(dies):
+        ptr[d + 1] += ptr[d]
+    pos = ptr[:-1].copy()
+    ct = np.empty(die.shape[0], np.int64)
+    cv = np.empty(die.shape[0], np.float64)
+    cs = np.empty(die.shape[0], np.float64)
+    for i in range(die.shape[0]):
+        d = die[i]
+        j = pos[d]
+        pos[d] += 1
+        ct[j] = t[i]
+        cv[j] = float(clock[i])
+        cap, dem = float(capacity[d]), float(demand[i])
+        cs[j] = cap / dem if dem > cap else 1.0
+    return ptr, ct, cv, cs
+
+
 def clock_tables(clock, dies: int):
     """A run's HBM clock records (``Engine.hbm_clock()``) as per-die CSR tables for the kernel:
     (ptr int64[dies + 1], time int64, clock float64, speed float64), time order within a die."""
-    die = np.asarray(clock["die"], dtype=np.int64)
-    order = np.argsort(die, kind="stable")  # records come in time order: keep it per die
-    ptr = np.zeros(dies + 1, dtype=np.int64)
-    np.cumsum(np.bincount(die, minlength=dies)[:dies], out=ptr[1:])
-    cap = np.asarray(clock["capacity"], dtype=np.float64)
-    demand = np.asarray(clock["demand"], dtype=np.float64)[order]
-    speed = np.ones(order.size)
-    over = demand > cap[die[order]]
-    speed[over] = cap[die[order]][over] / demand[over]
-    return (ptr, np.asarray(clock["t_ps"], dtype=np.int64)[order],
-            np.asarray(clock["clock_ps"], dtype=np.float64)[order], speed)
+    die = np.asarray(clock["die"])
+    if die.size and (die.min() < 0 or die.max() >= dies):
+        raise ValueError(f"clock_tables: a record's die is outside 0..{dies - 1}")
+    cols = [np.asarray(clock[k]) for k in ("t_ps", "clock_ps", "demand", "capacity")]
+    return _clock_csr(die if die.size else die.astype(np.int64), *(c if c.size else c.astype(np.int64) for c in cols),
+                      np.int64(dies))
 
 
 def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clock_of=None, clock=None):
@@ -134,8 +289,7 @@ def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clo
     args = [np.ascontiguousarray(a, dtype=np.int64) for a in (keys, start, end, value)]
     n = args[0].shape[0]
     if clock is None or clock_of is None:
-        clock_of = np.full(n, -1, dtype=np.int64)
-        clock = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+        clock_of, clock = _no_clock(n)
     clock_of = np.ascontiguousarray(clock_of, dtype=np.int64)
     if native:
         keys, start, end, value = args
@@ -152,6 +306,68 @@ def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clo
     else:
         k, b, v = _spread_reference(*args, bin_ps, clock_of, clock)
     return _combine(k, b, v)
+
+
+def _no_clock(n: int):
+    return (np.full(n, -1, dtype=np.int64),
+            (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)))
+
+
+def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, group_rows: int = 1 << 20):
+    """``bin_intervals`` for intervals grouped by die, each with a value per key of its die (an
+    HBM stack): die d's intervals are rows ``ptr[d]:ptr[d + 1]``; ``value`` is int64
+    ``[intervals, keys]`` (at most 127 keys), or a function ``(a, b)`` giving its rows a:b, which
+    is called a group of dies at a time (at most about ``group_rows`` rows, so that a big run's
+    values are never all in memory). The same sums, cell for cell, as ``bin_intervals`` of every
+    (interval, key) with key ``die * keys + key``, but an interval's part of each bin is computed
+    once for all its keys, and a die's cells are summed in a grid of its bins (at most
+    DENSE_CELLS cells at once).
+
+    Returns (per key: die int32, key int8, bin int32, value int64, sorted by die, bin, key;
+    per die: die int32, bin int32, value int64, sorted by die, bin): the cells above 0, and per
+    (die, bin) with one of them, their sum. The columns are views of arrays sized for the most
+    cells the dies' bins could hold, of which only the rows written take memory."""
+    ptr = np.ascontiguousarray(ptr, dtype=np.int64)
+    start, end = (np.ascontiguousarray(a, dtype=np.int64) for a in (start, end))
+    n, dies, bin_ps = start.shape[0], ptr.shape[0] - 1, int(bin_ps)
+    if clock is None or clock_of is None:
+        clock_of, clock = _no_clock(n)
+    clock_of = np.ascontiguousarray(clock_of, dtype=np.int64)
+    values = value if callable(value) else (lambda a, b: value[a:b])
+    # Each die's range of bins bounds its cells.
+    first_bin = start // bin_ps
+    last_bin = np.maximum(end - 1, start) // bin_ps
+    busy = np.flatnonzero(ptr[1:] > ptr[:-1])
+    span = (np.maximum.reduceat(last_bin, ptr[busy]) - np.minimum.reduceat(first_bin, ptr[busy]) + 1) if n else ptr[:0]
+    n_bins = int(last_bin.max()) + 1 if n else 0
+    cells = int(span.sum())
+    del first_bin, last_bin, span
+    bounds = [0]
+    for d in range(dies):  # groups of whole dies of at most about group_rows rows
+        if ptr[d + 1] - ptr[bounds[-1]] > group_rows and d > bounds[-1]:
+            bounds.append(d)
+    bounds.append(dies)
+    out = None
+    nkc = ndc = 0
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        a, b = int(ptr[lo]), int(ptr[hi])
+        v = np.ascontiguousarray(values(a, b), dtype=np.int64)
+        nk = v.shape[1]
+        if nk > 127:
+            raise ValueError(f"bin_by_die: at most 127 keys per die, got {nk}")
+        if out is None:
+            out = (np.empty(cells * nk, np.int32), np.empty(cells * nk, np.int8), np.empty(cells * nk, np.int32),
+                   np.empty(cells * nk, np.int64), np.empty(cells, np.int32), np.empty(cells, np.int32),
+                   np.empty(cells, np.int64))
+            window = max(1, DENSE_CELLS // max(nk, 1))
+        nkc, ndc = _spread_dies(ptr[lo:hi + 1] - a, np.int64(lo), start[a:b], end[a:b], v, np.int64(bin_ps),
+                                np.int64(n_bins), np.int64(window), clock_of[a:b], *clock,
+                                *out[:4], np.int64(nkc), *out[4:], np.int64(ndc))
+        del v
+    if out is None:
+        return (np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int32), np.zeros(0, np.int64),
+                np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64))
+    return tuple(c[:nkc] for c in out[:4]) + tuple(c[:ndc] for c in out[4:])
 
 
 def _clock_at_reference(t, lo, hi, ct, cv, cs):

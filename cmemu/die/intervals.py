@@ -23,6 +23,7 @@ fall on cycles).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from cmemu.die.pipeline import MAX_INTERVALS_PER_PIPE, merge_intervals
 
@@ -69,4 +70,45 @@ def op_pipe_intervals(cost, max_intervals: int = MAX_INTERVALS_PER_PIPE) -> dict
         if ms.size:
             end = float(cost.duration_cycles)
             out[name] = (np.minimum(ms / scale, end), np.minimum(me / scale, end))
+    return out
+
+
+@njit(cache=True)
+def _fill_rows(ops, table_of, first, code, off_start, off_end, op_start, op_end, op_rank, out_die, out_pipe,
+               out_op, out_start, out_end):
+    r = 0
+    for k in range(ops.shape[0]):
+        op = ops[k]
+        t = table_of[k]
+        begin, stop, die = op_start[op], op_end[op], op_rank[op]
+        for j in range(first[t], first[t + 1]):
+            out_die[r] = die
+            out_pipe[r] = code[j]
+            out_op[r] = op
+            out_start[r] = min(begin + off_start[j], stop)
+            out_end[r] = min(begin + off_end[j], stop)
+            r += 1
+
+
+def op_rows(ops, table_of, tables, op_start_ps, op_end_ps, op_rank, lead: int = 0) -> dict:
+    """/tasks rows of many ops whose intervals repeat a few tables: op ``ops[k]`` has the rows of
+    ``tables[table_of[k]]`` (pipe codes uint8, start and end offsets in ps from the op's start,
+    int64), shifted to its start and cut at its end; ops in the order given, each op's rows in
+    its table's order. Columns of ``output.schema.TASK_FIELDS`` (bytes 0), after ``lead`` rows
+    left for the caller to fill (bytes 0, the other columns unset)."""
+    ops = np.ascontiguousarray(ops, dtype=np.int64)
+    table_of = np.ascontiguousarray(table_of, dtype=np.int64)
+    sizes = np.array([len(t[0]) for t in tables], dtype=np.int64)
+    first = np.zeros(len(tables) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=first[1:])
+    code, off_start, off_end = (np.concatenate([t[i] for t in tables]) if tables else np.zeros(0, dt)
+                                for i, dt in ((0, np.uint8), (1, np.int64), (2, np.int64)))
+    m = int(lead)
+    n = m + (int(sizes[table_of].sum()) if ops.size else 0)
+    out = {"die": np.empty(n, np.int32), "pipe": np.empty(n, np.uint8), "op": np.empty(n, np.int32),
+           "start_ps": np.empty(n, np.int64), "end_ps": np.empty(n, np.int64), "bytes": np.zeros(n, np.int64)}
+    _fill_rows(ops, table_of, first, code.astype(np.uint8), off_start.astype(np.int64), off_end.astype(np.int64),
+               np.ascontiguousarray(op_start_ps, dtype=np.int64), np.ascontiguousarray(op_end_ps, dtype=np.int64),
+               np.ascontiguousarray(op_rank, dtype=np.int32), out["die"][m:], out["pipe"][m:], out["op"][m:],
+               out["start_ps"][m:], out["end_ps"][m:])
     return out
