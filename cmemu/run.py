@@ -638,38 +638,45 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     if full.link_series is None:
         return None, None
     L = full.lowered
-    has = np.flatnonzero(L.op_hbm_bytes > 0)
     bin_ps = int(full.link_series["bin_ps"])
     hp = HBMParams.from_die(full.spec.die)
     stacks = hp.stacks
     dies = int(L.die_aic_cores.shape[0])
-    # The ops by die, in op order within a die: die d's are order[ptr[d]:ptr[d + 1]].
-    rank = L.op_rank[has]
-    order = np.argsort(rank, kind="stable")
+    # The ops with HBM bytes by die, in op order within a die: die d's are ops[ptr[d]:ptr[d + 1]].
+    has = np.flatnonzero(L.op_hbm_bytes > 0)
+    ops = has[np.argsort(L.op_rank[has], kind="stable")]
     ptr = np.zeros(dies + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rank, minlength=dies)[:dies], out=ptr[1:])
-    # Regions one after the other per die (a bump allocator over the ops, in op order).
-    nbytes = L.op_hbm_bytes[has][order]
-    period = hp.pseudo_channels * hp.granule_byte
-    part = (nbytes % period).astype(np.int64)
-    base = np.cumsum(part) - part  # the bytes before each op, of its die's and all earlier dies' ops
-    base -= np.repeat(base[ptr[:-1][ptr[:-1] < ptr[1:]]], np.diff(ptr)[np.diff(ptr) > 0])
-    base %= period
-    del part
-    start = full.op_start_ps[has][order]
+    np.cumsum(np.bincount(L.op_rank[has], minlength=dies)[:dies], out=ptr[1:])
+    del has
+    start = full.op_start_ps[ops]
     # A MEM op's bytes move before its access latency, which ends it.
-    lat = np.where(L.op_kind[has] == OP_KIND_MEM, L.op_lat_ps[has], 0)[order]
-    end = np.maximum(start, full.op_end_ps[has][order] - lat)
-    del lat
+    end = full.op_end_ps[ops] - np.where(L.op_kind[ops] == OP_KIND_MEM, L.op_lat_ps[ops], 0)
+    np.maximum(start, end, out=end)
     # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
-    clock_of = clock = None
+    shared = clock = None
     if full.hbm_clock is not None and len(full.hbm_clock["die"]):
-        clock_of = np.where(hbm_sharing(L)[1][has][order] > 0, rank[order], -1)
+        shared = hbm_sharing(L)[1] > 0
         clock = clock_tables(full.hbm_clock, dies)
-    # A die's cells depend on its own ops only: spread the dies a group at a time, so that the
+    period = hp.pseudo_channels * hp.granule_byte
+
+    def stack_share(a, b):
+        # Regions one after the other per die (a bump allocator over its ops, in op order), split
+        # over the stacks: [ops, stacks]. Rows a:b hold whole dies.
+        nbytes = L.op_hbm_bytes[ops[a:b]]
+        part = (nbytes % period).astype(np.int64)
+        base = np.cumsum(part) - part  # the bytes before each op, of its die's and earlier dies' ops
+        lo = ptr[(ptr >= a) & (ptr < b)] - a  # each die's first row
+        base -= np.repeat(base[lo], np.diff(np.append(lo, b - a)))
+        base %= period
+        return stack_bytes(hp, nbytes, base)
+
+    def clock_of(a, b):
+        return np.where(shared[ops[a:b]], L.op_rank[ops[a:b]], -1)
+
+    # A die's cells depend on its own ops only: the dies are spread a group at a time, so that the
     # per-(op, stack) bytes of a big run are never all in memory at once.
-    cols = bin_by_die(ptr, start, end, lambda a, b: stack_bytes(hp, nbytes[a:b], base[a:b]), bin_ps,
-                      clock_of=clock_of, clock=clock, group_rows=max(1, HBM_SPREAD_INTERVALS // stacks))
+    cols = bin_by_die(ptr, start, end, stack_share, bin_ps, clock_of=None if shared is None else clock_of,
+                      clock=clock, group_rows=max(1, HBM_SPREAD_INTERVALS // stacks))
     per_stack = {"bin_ps": bin_ps, "stacks": stacks, "die": cols[0], "stack": cols[1], "bin": cols[2],
                  "bytes": cols[3]}
     per_die = {"bin_ps": bin_ps, "die": cols[4], "bin": cols[5], "bytes": cols[6]}
@@ -871,10 +878,14 @@ def check_invariants(result: RunResult) -> None:
     start, end = result.op_start_ps, result.op_end_ps
     if np.any(end < start):
         raise SimulationError("internal invariant broken: an op ended before it started")
-    src = np.repeat(np.arange(L.num_ops), np.diff(L.succ_ptr))
-    bad = np.flatnonzero(start[L.succ_idx] < end[src])
-    if bad.size:
-        i, j = src[bad[0]], L.succ_idx[bad[0]]
+    # Each op's earliest successor start against its end (no per-edge source column).
+    has = np.flatnonzero(L.succ_ptr[1:] > L.succ_ptr[:-1])
+    first = np.minimum.reduceat(start[L.succ_idx[:L.succ_ptr[-1]]], L.succ_ptr[has]) if has.size else start[:0]
+    late = has[first < end[has]]
+    if late.size:
+        i = int(late[0])
+        succ = L.succ_idx[L.succ_ptr[i]:L.succ_ptr[i + 1]]
+        j = int(succ[np.flatnonzero(start[succ] < end[i])[0]])
         raise SimulationError(
             f"internal invariant broken: node {L.op_node_id[j]} started before its dependency "
             f"node {L.op_node_id[i]} ended"

@@ -57,7 +57,8 @@ def test_bin_by_die_is_bin_intervals_per_key(monkeypatch):
             if window is not None:
                 monkeypatch.setattr(binning, "DENSE_CELLS", window * value.shape[1])
             got = bin_by_die(ptr, start, end, (lambda a, b: value[a:b]) if by_group else value, bin_ps,
-                             clock_of=clock_of, clock=clock, group_rows=group_rows)
+                             clock_of=(lambda a, b: clock_of[a:b]) if by_group else clock_of, clock=clock,
+                             group_rows=group_rows)
             monkeypatch.undo()
             for x, y in zip(got, want):
                 assert x.dtype == y.dtype
@@ -140,3 +141,43 @@ def test_op_rows_repeat_the_tables_op_by_op():
         assert got[k].tolist() == [int(x) for x in want[k]], k
     empty = op_rows(np.zeros(0, np.int32), np.zeros(0, np.int64), [], op_start, op_end, rank)
     assert all(v.size == 0 for v in empty.values())
+
+
+# -- the checks after a run ---------------------------------------------------------------------------
+def test_check_invariants_names_the_first_late_edge():
+    from types import SimpleNamespace
+
+    from cmemu.errors import SimulationError
+    from cmemu.run import check_invariants
+
+    rng = np.random.default_rng(8)
+    for trial in range(200):
+        n = int(rng.integers(1, 30))
+        count = rng.integers(0, 4, n)
+        ptr = np.concatenate([[0], np.cumsum(count)])
+        idx = rng.integers(0, n, int(ptr[-1])).astype(np.int32)
+        start = rng.integers(0, 100, n)
+        end = start + rng.integers(0, 10, n)
+        end = np.where(rng.random(n) < 0.9, np.minimum(end, start.min()), end)  # mostly respected
+        L = SimpleNamespace(succ_ptr=ptr, succ_idx=idx, op_node_id=np.arange(n) + 1000, num_messages=0)
+        r = SimpleNamespace(lowered=L, op_start_ps=start, op_end_ps=np.maximum(end, start))
+        # The straightforward version: every edge, the first late one in CSR order.
+        src = np.repeat(np.arange(n), np.diff(ptr))
+        bad = np.flatnonzero(start[idx] < r.op_end_ps[src])
+        if bad.size:
+            with pytest.raises(SimulationError, match=f"node {1000 + idx[bad[0]]} started before its dependency "
+                                                      f"node {1000 + src[bad[0]]} ended"):
+                check_invariants(r)
+        else:
+            check_invariants(r)
+
+
+def test_sweep_order_is_lexsort():
+    from cmemu.output.summary import _order_by_key_then_time
+
+    rng = np.random.default_rng(9)
+    for k, t in ((rng.integers(0, 50, 1000), rng.integers(0, 10**6, 1000)),  # ties too
+                 (rng.integers(0, 50, 1000), rng.integers(0, 2**62, 1000)),  # too wide: np.lexsort
+                 (rng.integers(-3, 5, 100), rng.integers(0, 9, 100)),
+                 (np.zeros(0, np.int64), np.zeros(0, np.int64))):
+        np.testing.assert_array_equal(_order_by_key_then_time(k, t), np.lexsort((t, k)))

@@ -318,10 +318,10 @@ def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, g
     HBM stack): die d's intervals are rows ``ptr[d]:ptr[d + 1]``; ``value`` is int64
     ``[intervals, keys]`` (at most 127 keys), or a function ``(a, b)`` giving its rows a:b, which
     is called a group of dies at a time (at most about ``group_rows`` rows, so that a big run's
-    values are never all in memory). The same sums, cell for cell, as ``bin_intervals`` of every
-    (interval, key) with key ``die * keys + key``, but an interval's part of each bin is computed
-    once for all its keys, and a die's cells are summed in a grid of its bins (at most
-    DENSE_CELLS cells at once).
+    values are never all in memory); ``clock_of`` may be such a function too. The same sums, cell
+    for cell, as ``bin_intervals`` of every (interval, key) with key ``die * keys + key``, but an
+    interval's part of each bin is computed once for all its keys, and a die's cells are summed
+    in a grid of its bins (at most DENSE_CELLS cells at once).
 
     Returns (per key: die int32, key int8, bin int32, value int64, sorted by die, bin, key;
     per die: die int32, bin int32, value int64, sorted by die, bin): the cells above 0, and per
@@ -332,8 +332,8 @@ def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, g
     n, dies, bin_ps = start.shape[0], ptr.shape[0] - 1, int(bin_ps)
     if clock is None or clock_of is None:
         clock_of, clock = _no_clock(n)
-    clock_of = np.ascontiguousarray(clock_of, dtype=np.int64)
     values = value if callable(value) else (lambda a, b: value[a:b])
+    clocks = clock_of if callable(clock_of) else (lambda a, b: clock_of[a:b])
     # Each die's range of bins bounds its cells.
     first_bin = start // bin_ps
     last_bin = np.maximum(end - 1, start) // bin_ps
@@ -361,8 +361,8 @@ def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, g
                    np.empty(cells, np.int64))
             window = max(1, DENSE_CELLS // max(nk, 1))
         nkc, ndc = _spread_dies(ptr[lo:hi + 1] - a, np.int64(lo), start[a:b], end[a:b], v, np.int64(bin_ps),
-                                np.int64(n_bins), np.int64(window), clock_of[a:b], *clock,
-                                *out[:4], np.int64(nkc), *out[4:], np.int64(ndc))
+                                np.int64(n_bins), np.int64(window), np.ascontiguousarray(clocks(a, b), dtype=np.int64),
+                                *clock, *out[:4], np.int64(nkc), *out[4:], np.int64(ndc))
         del v
     if out is None:
         return (np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int32), np.zeros(0, np.int64),
