@@ -148,5 +148,9 @@ def test_kernels_equal_their_references(seed):
 def test_kernels_refuse_ops_outside_the_ops():
     with pytest.raises(ValueError, match="an edge's successor is op 5, outside the 5 ops"):
         successor_csr(np.array([0]), np.array([5]), 5)
+    with pytest.raises(ValueError, match="an edge's source is op -1, outside the 5 ops"):
+        successor_csr(np.array([0, -1]), np.array([1, 1]), 5)
     with pytest.raises(ValueError, match="a message's receive op is op -2"):
         message_lists(np.zeros(3, dtype=np.uint8), np.array([0]), np.array([-2]), 1, 2)
+    with pytest.raises(ValueError, match="a message's send op is op 3, outside the 3 ops"):
+        message_lists(np.zeros(3, dtype=np.uint8), np.array([0, 3]), np.array([-1, -1]), 1, 2)
