@@ -154,3 +154,31 @@ def test_kernels_refuse_ops_outside_the_ops():
         message_lists(np.zeros(3, dtype=np.uint8), np.array([0]), np.array([-2]), 1, 2)
     with pytest.raises(ValueError, match="a message's send op is op 3, outside the 3 ops"):
         message_lists(np.zeros(3, dtype=np.uint8), np.array([0, 3]), np.array([-1, -1]), 1, 2)
+
+
+@pytest.mark.parametrize("from_member", [False, True])
+def test_successor_lists_straight_from_blocks_or_sorted_at_the_end(from_member):
+    # Two ops of the trace, then a block placed twice with its members swapped. An edge from a
+    # member's op makes the successor lists no longer the block's alone: they are then sorted
+    # at the end; either way each op's successors keep the order their edges were added in.
+    from cmemu.lower.builder import assemble
+    from cmemu.lower.csr import successor_csr_reference
+
+    head = OpBuilder()
+    head.ops(2, kind=0)
+    b = OpBuilder(base=2)
+    x = b.ops(3, kind=0, parent=0)
+    b.edges([x[1], x[0], x[0]], [x[2], x[2], x[1]])
+    b.edges(x[2], 1)
+    if from_member:
+        b.edges(0, x[0])
+    block = b.block(members=[0, 1])
+    assert (block.sorted_edges() is None) == from_member
+    parts = [(head.block(), None), (block, np.array([0, 1])), (block, np.array([1, 0]))]
+    L = assemble(parts, ["a", "b"], 1, [0], [0], num_trace_ops=2)
+    edges = [(3, 4), (2, 4), (2, 3), (4, 1)] + [(0, 2)] * from_member  # at op 2, members 0 and 1
+    edges += [(6, 7), (5, 7), (5, 6), (7, 0)] + [(1, 5)] * from_member  # at op 5, members 1 and 0
+    src, dst = zip(*edges)
+    ptr, idx, npred = successor_csr_reference(src, dst, 8)
+    assert np.array_equal(L.succ_ptr, ptr) and np.array_equal(L.succ_idx, idx) and np.array_equal(L.op_npred, npred)
+    assert L.op_parent.tolist() == [-1, -1, 0, 0, 0, 1, 1, 1]

@@ -154,6 +154,7 @@ class Block:
         self.n_reports = int(report_op.shape[0])
         self.names_messages = bool(np.any(ops["msg"] >= 0))  # ids of its own messages (0 = its first)
         self.members = None if members is None else np.asarray(members, dtype=np.int64)
+        self._edge_dst = edge_dst
         if self.members is None:
             self.ids = {"parent": ops["parent"], "src": edge_src, "dst": edge_dst,
                         "msg_send_op": messages["msg_send_op"], "msg_recv_op": messages["msg_recv_op"],
@@ -166,6 +167,27 @@ class Block:
                         "msg_recv_op": _Ids(messages["msg_recv_op"], base, n_ops, self.members),
                         "report_op": _Ids(report_op, base, n_ops, self.members),
                         "report_start": _Ids(report_start, base, n_ops, self.members)}
+
+    def sorted_edges(self):
+        """The edges by source (a stable sort), for laying them straight into the CSR: (the first
+        source, relative to ``base``; each source's count from there; the successors in that
+        order, to place as ``place`` does). None if a source is a member's op (its successor
+        lists are not the block's alone)."""
+        if not hasattr(self, "_sorted_edges"):
+            src = self.ids["src"]
+            if isinstance(src, _Ids):
+                rel = None if src.own is not None else src.rel.astype(np.int64)
+            else:
+                rel = src.astype(np.int64) - self.base
+            if rel is None or rel.size == 0:
+                self._sorted_edges = None
+            else:
+                order = np.argsort(rel, kind="stable")
+                lo = int(rel[order[0]])
+                dst = self._edge_dst[order]
+                self._sorted_edges = (lo, np.bincount(rel - lo),
+                                      dst if self.members is None else _Ids(dst, self.base, self.n_ops, self.members))
+        return self._sorted_edges
 
     def place(self, key: str, out, base: int, members) -> None:
         ids = self.ids[key]
@@ -186,20 +208,44 @@ def edge_block(base: int, src, dst) -> Block:
                  empty)
 
 
+def _edge_spans(parts):
+    """Where each part's edge sources lie, when the edges can go straight into the CSR:
+    (first source, block, members, base) of each part with edges, by first source; None if a
+    part's sources are not its own ops (``Block.sorted_edges``) or two parts' sources overlap."""
+    spans = []
+    base = 0
+    for block, members in parts:
+        if block.n_edges:
+            if block.members is None and base != block.base:
+                return None  # placed elsewhere: place() says so
+            sorted_edges = block.sorted_edges()
+            if sorted_edges is None:
+                return None
+            lo, counts, _ = sorted_edges
+            spans.append((base + lo, base + lo + counts.size, block, members, base))
+        base += block.n_ops
+    spans.sort(key=lambda span: span[0])
+    if any(a[1] > b[0] for a, b in zip(spans, spans[1:])) or (spans and (spans[0][0] < 0 or spans[-1][1] > base)):
+        return None
+    return [(lo, block, members, at) for lo, _, block, members, at in spans]
+
+
 def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: int):
     """The engine's arrays (``Lowered``) of blocks laid one after the other: ``parts`` is a list
     of (block, members), members None for a block placed as it is (and emptied: a block is
     dropped once placed for the last time). The arrays are allocated at their final size and
     filled block by block."""
     from cmemu.lower import Lowered
-    from cmemu.lower.csr import name_messages, successor_csr
+    from cmemu.lower.csr import name_messages, predecessor_counts, successor_csr
 
     n = sum(b.n_ops for b, _ in parts)
     m = sum(b.n_messages for b, _ in parts)
     e = sum(b.n_edges for b, _ in parts)
+    spans = _edge_spans(parts)
     cols = {name: np.empty(n, dtype=dtype) for name, (dtype, _) in _COLUMNS.items()}
     msgs = {name: np.empty(m, dtype=dtype) for name, dtype in MSG_COLUMNS.items()}
-    src, dst = np.empty(e, dtype=np.int32), np.empty(e, dtype=np.int32)
+    if spans is None:  # the edges in the order given, sorted by source at the end
+        src, dst = np.empty(e, dtype=np.int32), np.empty(e, dtype=np.int32)
     report = np.full(n, -1, dtype=np.int32)
     op_lo = msg_lo = edge_lo = 0
     parts.reverse()
@@ -219,8 +265,9 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
                 block.place(name, col[msg_lo:msg_hi], op_lo, members)
             else:
                 col[msg_lo:msg_hi] = block.messages[name]
-        block.place("src", src[edge_lo:edge_hi], op_lo, members)
-        block.place("dst", dst[edge_lo:edge_hi], op_lo, members)
+        if spans is None:
+            block.place("src", src[edge_lo:edge_hi], op_lo, members)
+            block.place("dst", dst[edge_lo:edge_hi], op_lo, members)
         if block.n_reports:
             where, start = np.empty(block.n_reports, dtype=np.int64), np.empty(block.n_reports, dtype=np.int64)
             block.place("report_op", where, op_lo, members)
@@ -231,8 +278,25 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
     msg = cols.pop("msg")
     # An op that carries messages and was not given one names one of them (cmemu.lower.csr).
     name_messages(msg, msgs["msg_send_op"], msgs["msg_recv_op"])
-    succ_ptr, succ_idx, npred = successor_csr(src, dst, n)
-    del src, dst
+    if spans is None:
+        succ_ptr, succ_idx, npred = successor_csr(src, dst, n)
+        del src, dst
+    else:
+        # Each block's successor lists, in the order of their sources' spans: the CSR itself.
+        succ_ptr = np.zeros(n + 1, dtype=np.int64)
+        succ_idx = np.empty(e, dtype=np.int32)
+        at = 0
+        for lo, block, members, base in spans:
+            _, counts, dst = block.sorted_edges()
+            succ_ptr[lo + 1:lo + 1 + counts.size] = counts
+            if isinstance(dst, _Ids):
+                dst.write(succ_idx[at:at + block.n_edges], base, members)
+            else:
+                succ_idx[at:at + block.n_edges] = dst
+            at += block.n_edges
+        del spans
+        np.cumsum(succ_ptr, out=succ_ptr)
+        npred = predecessor_counts(succ_idx, n)
     return Lowered(
         op_kind=cols["kind"],
         op_dur_ps=cols["dur"],

@@ -48,6 +48,27 @@ def _successor_csr(src, dst, n):
     return ptr, idx, npred, -1
 
 
+def predecessor_counts(idx, n: int):
+    """How many times each of n ops appears in ``idx`` (int32[n]): its predecessors, from the
+    successor lists."""
+    idx = np.asarray(idx, dtype=np.int32)
+    npred, bad = _predecessor_counts(idx, n)
+    if bad >= 0:
+        raise ValueError(f"an edge's successor is op {int(idx[bad])}, outside the {n} ops")
+    return npred
+
+
+@njit(cache=True)
+def _predecessor_counts(idx, n):
+    npred = np.zeros(n, np.int32)
+    for e in range(idx.shape[0]):
+        d = idx[e]
+        if d < 0 or d >= n:
+            return npred, e
+        npred[d] += 1
+    return npred, -1
+
+
 def successor_csr_reference(src, dst, n: int):
     src = np.asarray(src, dtype=np.int64)
     ptr = np.zeros(n + 1, dtype=np.int64)
