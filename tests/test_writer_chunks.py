@@ -4,7 +4,7 @@ import h5py
 import numpy as np
 import pytest
 
-from cmemu.output.columns import lexsort_order, sum_by
+from cmemu.output.columns import has_repeats, lexsort_order, sum_by
 
 
 def test_lexsort_order_is_np_lexsort():
@@ -18,6 +18,16 @@ def test_lexsort_order_is_np_lexsort():
             got = lexsort_order(keys)
             assert got.dtype == np.intp
             np.testing.assert_array_equal(got, np.lexsort(keys))
+
+
+def test_has_repeats_in_an_order():
+    rng = np.random.default_rng(8)
+    for n in (0, 1, 2, 100, 1000):
+        a, b = rng.integers(0, 20, n).astype(np.int32), rng.integers(0, 20, n).astype(np.int32)
+        order = np.lexsort((b, a))
+        want = bool(np.any((a[order][1:] == a[order][:-1]) & (b[order][1:] == b[order][:-1])))
+        assert has_repeats(order, a, b) == want
+    assert has_repeats([0, 1], [3, 3], [5, 5]) and not has_repeats([0, 1], [3, 3], [5, 6])
 
 
 def test_sum_by_is_add_at():

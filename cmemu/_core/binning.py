@@ -334,14 +334,14 @@ def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, g
         clock_of, clock = _no_clock(n)
     values = value if callable(value) else (lambda a, b: value[a:b])
     clocks = clock_of if callable(clock_of) else (lambda a, b: clock_of[a:b])
-    # Each die's range of bins bounds its cells.
+    # A die's cells per key: at most its range of bins, and at most the bins its intervals touch.
     first_bin = start // bin_ps
     last_bin = np.maximum(end - 1, start) // bin_ps
-    busy = np.flatnonzero(ptr[1:] > ptr[:-1])
-    span = (np.maximum.reduceat(last_bin, ptr[busy]) - np.minimum.reduceat(first_bin, ptr[busy]) + 1) if n else ptr[:0]
+    busy = ptr[:-1][ptr[1:] > ptr[:-1]]
+    cells = int(np.minimum(np.maximum.reduceat(last_bin, busy) - np.minimum.reduceat(first_bin, busy) + 1,
+                           np.add.reduceat(last_bin - first_bin + 1, busy)).sum()) if n else 0
     n_bins = int(last_bin.max()) + 1 if n else 0
-    cells = int(span.sum())
-    del first_bin, last_bin, span
+    del first_bin, last_bin
     bounds = [0]
     for d in range(dies):  # groups of whole dies of at most about group_rows rows
         if ptr[d + 1] - ptr[bounds[-1]] > group_rows and d > bounds[-1]:

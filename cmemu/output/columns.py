@@ -1,5 +1,5 @@
-"""Column helpers of the timeline writer (Numba kernels): a stable order by small integer keys and
-exact integer sums by index.
+"""Column helpers of the timeline writer (Numba kernels): a stable order by small integer keys,
+exact integer sums by index, and a check for repeated keys in an order.
 
 ``lexsort_order`` gives ``np.lexsort``'s order (stable, the last key primary) by a counting sort
 per key, O(rows + key range) each, where ``np.lexsort`` compares; a key already in order costs a
@@ -29,6 +29,15 @@ def _stable_by(key, lo, n_keys, perm):
 
 
 @njit(cache=True)
+def _repeats(order, a, b):
+    # Whether two rows next to each other in this order have the same (a, b).
+    for i in range(1, order.shape[0]):
+        if a[order[i]] == a[order[i - 1]] and b[order[i]] == b[order[i - 1]]:
+            return True
+    return False
+
+
+@njit(cache=True)
 def _sum_by(index, value, n):
     out = np.zeros(n, np.int64)
     for i in range(index.shape[0]):
@@ -53,6 +62,12 @@ def lexsort_order(keys) -> np.ndarray:
             continue  # in order already: a stable sort by it leaves the rows as they are
         perm = _stable_by(k, lo, hi - lo + 1, np.arange(n, dtype=np.int64) if perm is None else perm)
     return np.arange(n, dtype=np.int64) if perm is None else perm
+
+
+def has_repeats(order, a, b) -> bool:
+    """Whether rows ``order`` (sorted by the pair (a, b)) hold some pair twice, without gathering
+    the columns in that order."""
+    return bool(_repeats(np.asarray(order, dtype=np.int64), np.asarray(a), np.asarray(b)))
 
 
 def sum_by(index, value, n: int) -> np.ndarray:

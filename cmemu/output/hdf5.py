@@ -33,7 +33,7 @@ from cmemu.output.schema import (
     check_compression,
     check_detail,
 )
-from cmemu.output.columns import lexsort_order, sum_by
+from cmemu.output.columns import has_repeats, lexsort_order, sum_by
 from cmemu.output.summary import die_summary
 from cmemu.topology import LINK_KIND_NAMES
 
@@ -399,10 +399,8 @@ def _write_link_series(links, series, r, w: _Writer) -> None:
     if np.any(cols["busy_ps"] > bin_ps) or np.any(cols["busy_ps"] < 0) or np.any(cols["bytes"] < 0):
         raise ValueError(f"RunResult.link_series: busy_ps outside 0..bin_ps ({bin_ps}) or negative bytes")
     order = lexsort_order((link, b))
-    pairs = b[order].astype(np.int64) * nlinks + link[order]
-    if pairs.size > 1 and np.any(pairs[1:] == pairs[:-1]):
+    if has_repeats(order, b, link):
         raise ValueError("RunResult.link_series: a (link, bin) pair appears twice")
-    del pairs
     # The bins must add up to the run's totals, or one of the two is wrong.
     for name, totals in (("bytes", r.link_bytes), ("busy_ps", r.link_busy_ps)):
         summed = sum_by(link, cols[name], nlinks)
