@@ -47,7 +47,8 @@ CHUNK_ROWS = 1 << 16
 GZIP_LEVEL = 1
 # Threads that compress chunks: the cores this process may use, at most four; and the chunks
 # (of at most 0.5 MiB each before compression) they may have in the works at once.
-WRITER_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+WRITER_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                            else os.cpu_count() or 1))
 PENDING_CHUNKS = 32
 
 TASKS_RECORDED = "recorded"
@@ -123,11 +124,12 @@ class _Writer:
             from concurrent.futures import ThreadPoolExecutor
 
             self.pool = ThreadPoolExecutor(WRITER_THREADS)
+        stored = np.dtype(ds.dtype)
         for lo in range(0, n, CHUNK_ROWS):
             rows = data[lo:lo + CHUNK_ROWS] if order is None else data[order[lo:lo + CHUNK_ROWS]]
             if direct:
                 self.pending.append((ds, (lo,) + (0,) * (len(shape) - 1),
-                                     self.pool.submit(_pack, rows, chunks, np.dtype(ds.dtype), self.level)))
+                                     self.pool.submit(_pack, rows, chunks, stored, self.level)))
                 self.flush(PENDING_CHUNKS)
             else:
                 ds[lo:lo + len(rows)] = np.array(rows, dtype=object) if is_list else rows
