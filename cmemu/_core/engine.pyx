@@ -42,7 +42,7 @@ from libc.stdint cimport int64_t, int32_t, uint8_t, uint64_t
 import numpy as np
 cimport numpy as cnp
 
-from cmemu.errors import DieFailedError, UnroutableError
+from cmemu.errors import DieFailedError, SimulationError, UnroutableError
 from cmemu._core import hbm_sharing, op_message_lists
 
 cnp.import_array()
@@ -192,6 +192,14 @@ cdef struct RunQueue:
     int64_t n
     int64_t cap
     int64_t seq
+
+
+cdef struct SeriesRow:
+    # One closed time bin of a link's counters (series_row); bins are int32 in /links/binned.
+    int32_t link
+    int32_t bin
+    int64_t nbytes
+    int64_t busy
 
 
 cdef struct Bucket:
@@ -364,7 +372,7 @@ cdef class Engine:
     cdef int32_t pkt_cap, pkt_free
     # Binned link counters (sparse: one row per link and bin with traffic).
     cdef int64_t bin_ps
-    cdef int64_t* series
+    cdef SeriesRow* series
     cdef int64_t* ring  # per link, RING open bins of (bytes, busy_ps)
     cdef int64_t series_len, series_cap
     # Per-transmission records (only when asked for: record_packets).
@@ -463,7 +471,10 @@ cdef class Engine:
         self.msg_path = L.msg_path
         self.msg_send_op = L.msg_send_op
         self.msg_recv_op = L.msg_recv_op
-        self.msg_left = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
+        self.msg_left = np.empty(n_msgs, dtype=np.int32)
+        self.path_mtu = F.path_mtu_byte
+        for i in range(n_msgs):
+            self.msg_left[i] = self.packets_of(<int32_t>i)  # every packet is still to come
         self.msg_delivered_ps = np.full(n_msgs, -1, dtype=np.int64)
         self.msg_delivered = self.msg_delivered_ps
 
@@ -579,7 +590,7 @@ cdef class Engine:
         self.bin_ps = bin_ps
         self.series_len = 0
         self.series_cap = 1024
-        self.series = <int64_t*>malloc(self.series_cap * 4 * sizeof(int64_t))
+        self.series = <SeriesRow*>malloc(self.series_cap * sizeof(SeriesRow))
         self.ring = <int64_t*>calloc(max(n_links, 1) * RING * 2 if bin_ps > 0 else 1, sizeof(int64_t))
         self.record_packets = record_packets
 
@@ -1146,17 +1157,19 @@ cdef class Engine:
 
     # -- counters --------------------------------------------------------------------------
     cdef int series_row(self, int32_t link, int64_t b, int64_t nbytes, int64_t busy) except -1:
-        cdef int64_t* grown
+        cdef SeriesRow* grown
         if self.series_len == self.series_cap:
-            grown = <int64_t*>realloc(self.series, 2 * self.series_cap * 4 * sizeof(int64_t))
+            grown = <SeriesRow*>realloc(self.series, 2 * self.series_cap * sizeof(SeriesRow))
             if grown == NULL:
                 raise MemoryError("link counters")
             self.series = grown
             self.series_cap *= 2
-        self.series[4 * self.series_len] = link
-        self.series[4 * self.series_len + 1] = b
-        self.series[4 * self.series_len + 2] = nbytes
-        self.series[4 * self.series_len + 3] = busy
+        if b > 2147483647:
+            raise SimulationError("the run has more than 2**31 link counter bins: make them wider (cmemu run --link-bin-ns)")
+        self.series[self.series_len].link = link
+        self.series[self.series_len].bin = <int32_t>b
+        self.series[self.series_len].nbytes = nbytes
+        self.series[self.series_len].busy = busy
         self.series_len += 1
         return 0
 
@@ -1262,11 +1275,11 @@ cdef class Engine:
         # in bin order but for a few the message-level fabric adds to earlier bins; rows of one
         # (link, bin) are summed. As cmemu._core.merge_link_series does, without its copies.
         n = self.series_len
-        cdef const int64_t* r = self.series
+        cdef const SeriesRow* r = self.series
         pos_a = np.zeros(self.n_links + 1, dtype=np.int64)
         cdef int64_t[::1] pos = pos_a
         for i in range(n):
-            pos[r[4 * i] + 1] += 1
+            pos[r[i].link + 1] += 1
         for k in range(self.n_links):
             pos[k + 1] += pos[k]
         start_a = pos_a[:-1].copy()
@@ -1276,11 +1289,11 @@ cdef class Engine:
         cdef int32_t[::1] ob = bin_a
         cdef int64_t[::1] oy = bytes_a, ou = busy_a, st = start_a
         for i in range(n):
-            k = pos[r[4 * i]]
-            pos[r[4 * i]] = k + 1
-            ob[k] = <int32_t>r[4 * i + 1]
-            oy[k] = r[4 * i + 2]
-            ou[k] = r[4 * i + 3]
+            k = pos[r[i].link]
+            pos[r[i].link] = k + 1
+            ob[k] = r[i].bin
+            oy[k] = r[i].nbytes
+            ou[k] = r[i].busy
         for link in range(self.n_links):
             lo, hi = st[link], pos[link]
             for j in range(lo + 1, hi):
