@@ -1,5 +1,5 @@
 """Lowering in blocks: a collective lowered once per shape and placed again, arrays assembled at
-their final size, and the per-op lists built by Numba kernels (cmemu/lower/builder.py, csr.py).
+their final size, and the per-op lists built by Numba kernels (cmemu/lower/builder.py, passes.py).
 
 Each shortcut is checked against the plain way: every collective lowered on its own, and the
 numpy references of the kernels.
@@ -14,7 +14,9 @@ import cmemu.lower.collectives as collectives
 from cmemu.errors import TraceError
 from cmemu.lower import lower
 from cmemu.lower.builder import Block, OpBuilder, _Ids
-from cmemu.lower.csr import (
+from cmemu.lower.passes import (
+    hbm_demand,
+    hbm_demand_reference,
     message_lists,
     message_lists_reference,
     name_messages,
@@ -162,7 +164,7 @@ def test_successor_lists_straight_from_blocks_or_sorted_at_the_end(from_member):
     # member's op makes the successor lists no longer the block's alone: they are then sorted
     # at the end; either way each op's successors keep the order their edges were added in.
     from cmemu.lower.builder import assemble
-    from cmemu.lower.csr import successor_csr_reference
+    from cmemu.lower.passes import successor_csr_reference
 
     head = OpBuilder()
     head.ops(2, kind=0)
@@ -182,3 +184,20 @@ def test_successor_lists_straight_from_blocks_or_sorted_at_the_end(from_member):
     ptr, idx, npred = successor_csr_reference(src, dst, 8)
     assert np.array_equal(L.succ_ptr, ptr) and np.array_equal(L.succ_idx, idx) and np.array_equal(L.op_npred, npred)
     assert L.op_parent.tolist() == [-1, -1, 0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hbm_demand_equals_its_reference(seed):
+    # Ops of every kind on dies with and without a capacity (and ranks past the dies), durations
+    # down to 1 ps and sizes up to 2**50 B: demands past the capacity, and far past int64 before
+    # the clip, in the same double-precision rounding.
+    rng = np.random.default_rng(seed)
+    n, dies = int(rng.integers(1, 400)), int(rng.integers(0, 6))
+    kind = rng.integers(0, 4, n).astype(np.uint8)
+    dur = np.where(rng.random(n) < 0.2, rng.integers(0, 3, n), rng.integers(1, 10**9, n)).astype(np.int64)
+    hbm = np.where(rng.random(n) < 0.2, 0, rng.integers(1, 2**50, n)).astype(np.int64)
+    rank = rng.integers(-1, dies + 2, n).astype(np.int32)
+    cap = np.where(rng.random(dies) < 0.3, 0, rng.integers(1, 2**41, dies)).astype(np.int64)
+    got = hbm_demand(kind, dur, hbm, rank, cap, (0, 3))
+    want = hbm_demand_reference(kind, dur, hbm, rank, cap, (0, 3))
+    assert got.dtype == want.dtype and np.array_equal(got, want)

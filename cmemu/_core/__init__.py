@@ -24,13 +24,13 @@ def op_message_lists(lowered):
     A COMM_SEND op starts the write messages whose ``msg_send_op`` it is, and ends when all of
     them are acknowledged; a COMM_RECV op starts the read messages whose ``msg_recv_op`` it is,
     and ends when all its messages are delivered. Within an op, messages keep their order.
-    A counting sort in one kernel (cmemu.lower.csr.message_lists): on the 61-layer decode step's
+    A counting sort in one kernel (cmemu.lower.passes.message_lists): on the 61-layer decode step's
     57 M messages it needs no temporary beyond the result.
     """
     import numpy as np
 
     from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND
-    from cmemu.lower.csr import message_lists
+    from cmemu.lower.passes import message_lists
 
     kind = lowered.op_kind
     ptr, idx = message_lists(kind, lowered.msg_send_op, lowered.msg_recv_op, OP_KIND_SEND, OP_KIND_RECV)
@@ -55,22 +55,18 @@ def hbm_sharing(lowered):
     import numpy as np
 
     from cmemu.lower import OP_KIND_COMP, OP_KIND_MEM
+    from cmemu.lower.passes import hbm_demand
 
     dies = int(lowered.die_aic_cores.shape[0])
     cap = np.zeros(dies, dtype=np.int64)
     given = getattr(lowered, "die_hbm_byte_per_s", None)
     if given is not None and len(given):
         cap[:len(given)] = np.asarray(given, dtype=np.int64)[:dies]
-    dur = lowered.op_dur_ps
-    hbm = lowered.op_hbm_bytes
-    rank = np.clip(lowered.op_rank, 0, max(dies - 1, 0))
-    takes_part = ((lowered.op_kind == OP_KIND_COMP) | (lowered.op_kind == OP_KIND_MEM)) & (hbm > 0) & (dur > 0) & (cap[rank] > 0 if dies else False)
-    rate = np.zeros(dur.shape[0], dtype=np.int64)
     # At most its die's capacity: alone, an op runs at full speed (the die model's durations
     # already respect the HBM; rounding can put a demand a byte/s above it). The sums of a die's
     # demands stay far inside int64.
-    most = cap[rank[takes_part]].astype(np.float64)
-    rate[takes_part] = np.clip(np.ceil(hbm[takes_part] / dur[takes_part] * 1e12), 1, most).astype(np.int64)
+    rate = hbm_demand(lowered.op_kind, lowered.op_dur_ps, lowered.op_hbm_bytes, lowered.op_rank, cap,
+                      (OP_KIND_COMP, OP_KIND_MEM))
     return cap, rate
 
 

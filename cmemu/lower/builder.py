@@ -11,7 +11,7 @@ every later collective of the same shape (the 236 MoE collectives of a 61-layer 
 decode step are four shapes).
 
 ``assemble`` lays blocks one after the other into arrays of their exact total size (no
-growing, no second copy) and builds the per-op lists (``cmemu.lower.csr``). Trace nodes come
+growing, no second copy) and builds the per-op lists (``cmemu.lower.passes``). Trace nodes come
 first (op i is node i of the file); ops a lowering adds for a node's internal work (a
 collective's loads, sends, flags) come after, with ``parent`` naming the trace op they belong to
 and ``lane`` the pipe or engine that does them (cmemu.output.schema.PIPE_NAMES).
@@ -236,7 +236,7 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
     dropped once placed for the last time). The arrays are allocated at their final size and
     filled block by block."""
     from cmemu.lower import Lowered
-    from cmemu.lower.csr import name_messages, predecessor_counts, successor_csr
+    from cmemu.lower.passes import name_messages, predecessor_counts, successor_csr
 
     n = sum(b.n_ops for b, _ in parts)
     m = sum(b.n_messages for b, _ in parts)
@@ -276,7 +276,7 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         op_lo, msg_lo, edge_lo = op_hi, msg_hi, edge_hi
         del block
     msg = cols.pop("msg")
-    # An op that carries messages and was not given one names one of them (cmemu.lower.csr).
+    # An op that carries messages and was not given one names one of them (cmemu.lower.passes).
     name_messages(msg, msgs["msg_send_op"], msgs["msg_recv_op"])
     if spans is None:
         succ_ptr, succ_idx, npred = successor_csr(src, dst, n)

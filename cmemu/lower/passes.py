@@ -1,10 +1,12 @@
-"""The lowering's per-op lists: each op's successors, each op's messages, the message an op names.
+"""Passes over the whole lowering: each op's successors and predecessor count, each op's
+messages, the message an op names, each op's HBM demand.
 
-Passes over the whole lowering (13 M ops, 20 M edges and 57 M messages on the 61-layer
-DeepSeek-R1 decode step), as Numba kernels: linear in time (the lists are stable counting
-sorts), checking the op ids as they go, with no temporaries the size of the input (numpy's
-argsort and fancy indexing need several int64 copies of it: seconds and gigabytes at that
-size). Each kernel has a numpy reference beside it (``*_reference``) that tests hold it to.
+They run over 13 M ops, 20 M edges and 57 M messages on the 61-layer DeepSeek-R1 decode step,
+so they are Numba kernels: linear in time (the lists are stable counting sorts), checking the op
+ids as they go, with no temporaries the size of the input (numpy's argsort, fancy indexing and
+masked arithmetic need several int64 copies of it: seconds and gigabytes at that size, new
+memory being slow to touch on the development VM). Each kernel has a numpy reference beside it
+(``*_reference``) that tests hold it to.
 """
 from __future__ import annotations
 
@@ -123,7 +125,8 @@ def message_lists(kind, send_op, recv_op, send_kind: int, recv_kind: int):
 @njit(cache=True)
 def _message_lists(kind, send_op, recv_op, send_kind, recv_kind):
     # One pass to count (and check the ids: -1 or an op), one to fill. An op is of one kind, so
-    # its messages all come from one of the two parts, in id order.
+    # its messages all come from one of the two parts, in id order. The fill moves each op's
+    # start up to its end, so ptr[op + 1] is counted and ptr[op] filled from (no second array).
     n = kind.shape[0]
     ptr = np.zeros(n + 1, np.int64)
     for m in range(send_op.shape[0]):
@@ -137,15 +140,17 @@ def _message_lists(kind, send_op, recv_op, send_kind, recv_kind):
     for i in range(n):
         ptr[i + 1] += ptr[i]
     idx = np.empty(ptr[n], np.int32)
-    fill = ptr[:n].copy()
     for m in range(send_op.shape[0]):
         s, r = send_op[m], recv_op[m]
         if s >= 0 and kind[s] == send_kind:
-            idx[fill[s]] = m
-            fill[s] += 1
+            idx[ptr[s]] = m
+            ptr[s] += 1
         if r >= 0 and kind[r] == recv_kind:
-            idx[fill[r]] = m
-            fill[r] += 1
+            idx[ptr[r]] = m
+            ptr[r] += 1
+    for i in range(n, 0, -1):  # each start is now the next op's: move them back
+        ptr[i] = ptr[i - 1]
+    ptr[0] = 0
     return ptr, idx, -1
 
 
@@ -162,3 +167,44 @@ def message_lists_reference(kind, send_op, recv_op, send_kind: int, recv_kind: i
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
     return ptr, ids[np.argsort(owner, kind="stable")].astype(np.int32)
+
+
+def hbm_demand(kind, dur_ps, hbm_byte, rank, cap, kinds) -> np.ndarray:
+    """Each op's HBM demand in bytes/s (int64[ops], 0 for none): an op of one of ``kinds`` with
+    HBM bytes and a duration draws its bytes over its duration, rounded up, at least 1 and at
+    most its die's capacity ``cap[rank]`` (ranks outside the dies count as the nearest die); an
+    op on a die of capacity 0 takes no part (cmemu._core.hbm_sharing)."""
+    kinds = np.asarray(kinds, dtype=np.uint8)
+    return _hbm_demand(np.asarray(kind, dtype=np.uint8), np.asarray(dur_ps, dtype=np.int64),
+                       np.asarray(hbm_byte, dtype=np.int64), np.asarray(rank, dtype=np.int32),
+                       np.asarray(cap, dtype=np.int64), kinds)
+
+
+@njit(cache=True)
+def _hbm_demand(kind, dur, hbm, rank, cap, kinds):
+    n, dies = kind.shape[0], cap.shape[0]
+    rate = np.zeros(n, np.int64)
+    if dies == 0:
+        return rate
+    for i in range(n):
+        if hbm[i] <= 0 or dur[i] <= 0:
+            continue
+        takes_part = False
+        for k in kinds:
+            takes_part = takes_part or kind[i] == k
+        r = min(max(rank[i], 0), dies - 1)
+        if takes_part and cap[r] > 0:
+            # In double precision, as the reference's numpy expression: the same rounding.
+            demand = np.ceil(hbm[i] / dur[i] * 1e12)
+            rate[i] = np.int64(min(max(demand, 1.0), np.float64(cap[r])))
+    return rate
+
+
+def hbm_demand_reference(kind, dur_ps, hbm_byte, rank, cap, kinds) -> np.ndarray:
+    dies = cap.shape[0]
+    rank = np.clip(rank, 0, max(dies - 1, 0))
+    takes_part = np.isin(kind, kinds) & (hbm_byte > 0) & (dur_ps > 0) & (cap[rank] > 0 if dies else False)
+    rate = np.zeros(dur_ps.shape[0], dtype=np.int64)
+    most = cap[rank[takes_part]].astype(np.float64)
+    rate[takes_part] = np.clip(np.ceil(hbm_byte[takes_part] / dur_ps[takes_part] * 1e12), 1, most).astype(np.int64)
+    return rate
