@@ -43,10 +43,17 @@ NODE_BYTES = 640
 OP_BYTES = 400  # lowered per-op arrays, engine state, timeline rows and the op's name
 COMP_BYTES = 400  # a COMP the die model times: its pipe-occupancy rows (up to 7), lowering to /tasks
 # Its pipe busy intervals (up to 6 pipes x --pipe-intervals, at most MAX_PIPE_TASK_ROWS in all):
-# 33 B per /tasks row, and the arrays they are built from and concatenated with.
-PIPE_ROW_BYTES = 100
+# 33 B per /tasks row, and what a kernel fills them from (cmemu.die.intervals.op_rows).
+PIPE_ROW_BYTES = 50
 EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
-MESSAGE_BYTES = 200  # lowered (26 B) and engine (25 B) per-message arrays, the columns they are built from
+MESSAGE_BYTES = 200  # lowered (26 B) and engine (16 B) per-message arrays, the columns they are built from
+# A collective's internal ops and messages: no trace node, no /ops or /messages row, built in
+# blocks of their final size (cmemu/lower/builder.py). At the end of the EP320 decode step's run
+# (5 to 61 layers): an op about 90 B lowered, 64 B OpInfo, 8 B message list, 36 B HBM sharing
+# for half of them; a message 26 B lowered and 16 B in the engine. Rounded up.
+INNER_OP_BYTES = 200
+INNER_MESSAGE_BYTES = 50
+INNER_EDGE_BYTES = 12  # their CSR entry (4 B), laid straight into place
 LINK_BYTES = 200  # topology, fabric and engine per-link arrays, VOQ heads and tails
 PACKET_BYTES = 48  # one live packet in the engine's pool
 TRAFFIC_BYTES = 4  # per packet: the binned link counters, which grow with the traffic
@@ -181,7 +188,7 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
 
     spec = topo.spec
     ops = len(trace.nodes)
-    edges = messages = packets = comps = pipe_slots = 0
+    edges = messages = packets = comps = pipe_slots = inner_ops = inner_messages = inner_edges = 0
     mtu = {"ub": spec.ub.transport_mtu_byte, "rdma": spec.rdma.mtu_byte, "vpc": spec.vpc.mtu_byte}
     groups = trace.header.get("groups", {})
     chunk = ub_chunk_byte(spec.die)
@@ -212,29 +219,31 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
                     batches = min(writes, cores * -(-writes // (cores * per_batch)))
                 else:
                     batches = min(writes, g)  # SDMA: a descriptor per destination
-                ops += 2 * batches + 8
-                edges += 3 * batches + 8
+                inner_ops += 2 * batches + 8
+                inner_edges += 3 * batches + 8
             else:
                 pieces = max(1, -(-a.get("comm_size", 0) // chunk))
                 writes = 2 * g * pieces
                 size = min(a.get("comm_size", 0), chunk)
-                ops += 2 * writes + 4 * g
-                edges += 3 * writes + 4 * g
-            messages += writes + g
+                inner_ops += 2 * writes + 4 * g
+                inner_edges += 3 * writes + 4 * g
+            inner_messages += writes + g
             packets += writes * max(1, -(-size // spec.ub.transport_mtu_byte)) + g
     live = min(packets, topo.num_endpoints * spec.ub.max_outstanding_packets)
     pipe_rows = min(pipe_slots, MAX_PIPE_TASK_ROWS)
     arrays = (ops * OP_BYTES + comps * COMP_BYTES + pipe_rows * PIPE_ROW_BYTES + edges * EDGE_BYTES
-              + messages * MESSAGE_BYTES
+              + messages * MESSAGE_BYTES + inner_ops * INNER_OP_BYTES + inner_messages * INNER_MESSAGE_BYTES
+              + inner_edges * INNER_EDGE_BYTES
               + topo.num_links * LINK_BYTES + 2 * live * PACKET_BYTES + packets * TRAFFIC_BYTES)
     # A message has no event of its own (its start, delivery and ack are not events).
-    queue = 2 * (ops + live + topo.num_links + topo.num_endpoints) * EVENT_BYTES
+    queue = 2 * (ops + inner_ops + live + topo.num_links + topo.num_endpoints) * EVENT_BYTES
     if not native:
         arrays = arrays * REFERENCE_FACTOR + live * REFERENCE_PACKET_BYTES
         queue *= REFERENCE_FACTOR
     records = packets * PACKET_RECORD_LINKS if detail == "packets" else 0
     records_bytes = records * PACKET_RECORD_BYTES * (1 if native else REFERENCE_FACTOR)
-    return MemoryEstimate(len(trace.nodes) * NODE_BYTES, arrays, queue, ops, messages, packets, live,
+    return MemoryEstimate(len(trace.nodes) * NODE_BYTES, arrays, queue, ops + inner_ops, messages + inner_messages,
+                          packets, live,
                           records, records_bytes)
 
 

@@ -173,3 +173,33 @@ def test_bad_max_memory_option_exit_2(tmp_path):
     path.write_text(json.dumps(_comp_doc(3)))
     result = CliRunner().invoke(main, ["run", str(path), "--max-memory", "2Gb"])
     assert result.exit_code == 2 and "'b' means bits" in result.output
+
+
+def test_estimate_bounds_a_collective_heavy_run(tmp_path):
+    # The EP320 decode step cut to 3 layers: almost all its ops and messages are the MoE
+    # collectives' own (INNER_*). Two fresh children run a two-op trace (imports, Numba's caches
+    # loaded), and one of them the 3-layer step after it: the difference of their peak resident
+    # memory is below the estimate, and not far below it. A first run fills Numba's disk cache.
+    import subprocess
+    import sys
+
+    trace = tmp_path / "ep320_3.json"
+    tiny = tmp_path / "tiny.json"
+    tiny.write_text(json.dumps({**HEADER, "system": "cloudmatrix384", "nodes": _comp_doc(2)["nodes"]}))
+    subprocess.run([sys.executable, "-c", "from cmemu.cli import main; main()", "trace", "gen", "deepseek-r1",
+                    "--system", "cloudmatrix384", "--layers", "3", "-o", str(trace)], check=True, capture_output=True)
+
+    def peak_of(*paths):
+        code = ("import resource; from cmemu.run import run_trace\n"
+                f"for p in {[str(p) for p in paths]!r}:\n"
+                "    run_trace(p, fabric_model='message', progress=False, output=p + '.h5')\n"
+                "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+        return int(out.split("peak")[-1])
+
+    peak_of(trace)
+    peak = peak_of(tiny, trace) - peak_of(tiny)
+    topo = build_topology(load_system("cloudmatrix384"))
+    need = R.estimate_memory(load_trace(trace, num_ranks=topo.spec.dies), topo)
+    run_part = need.total_bytes - R.BASELINE_BYTES
+    assert peak <= run_part <= 5 * peak, (peak, run_part)
