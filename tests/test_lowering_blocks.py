@@ -211,7 +211,7 @@ def test_big_result_arrays_are_mappings_of_their_own():
     from cmemu.lower.builder import _result_array
 
     big, small = _result_array(1 << 20, np.int32), _result_array(1000, np.int64)
-    assert isinstance(big.base, mmap.mmap) and big.flags.writeable and big.flags.c_contiguous
+    assert isinstance(big.base.obj, mmap.mmap) and big.flags.writeable and big.flags.c_contiguous
     assert big.dtype == np.int32 and big.shape == (1 << 20,) and small.flags.owndata
     big[:] = 7
     assert int(big.sum()) == 7 << 20
