@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -514,7 +515,38 @@ def run_trace(
 
     ``max_memory_bytes`` (default: ``default_memory_limit()``) bounds the run: a run whose
     estimate (``estimate_memory``) is above it fails with MemoryLimitError before it starts.
+
+    While it runs, numpy's arrays have ordinary pages (``small_pages``).
     """
+    with small_pages():
+        return _run_trace(trace_path, system, overrides, output, native, progress, max_memory_bytes, compression,
+                          detail, link_bin_ns, spec, fail, pipe_intervals, fabric_model)
+
+
+@contextmanager
+def small_pages():
+    """numpy asks the kernel for transparent huge pages for every array of 4 MiB and more. A run
+    writes gigabytes of new arrays once each; on the development VM the first write to huge pages
+    costs 2-4x what it does in 4 KiB pages (2 GB: 3.1-4.4 s against 1.0 s), and the engine reads
+    its arrays no faster for them (the 61-layer decode step: about 5 s less end to end). Turned
+    off for the block, then as it was; a numpy without the switch is left alone."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy 1.x
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            _set_madvise_hugepage = None
+    before = _set_madvise_hugepage(False) if _set_madvise_hugepage is not None else None
+    try:
+        yield
+    finally:
+        if _set_madvise_hugepage is not None:
+            _set_madvise_hugepage(before)
+
+
+def _run_trace(trace_path, system, overrides, output, native, progress, max_memory_bytes, compression, detail,
+               link_bin_ns, spec, fail, pipe_intervals, fabric_model) -> RunResult:
     from cmemu.trace import load_trace, read_trace
 
     t0 = time.perf_counter()
