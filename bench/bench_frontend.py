@@ -2,9 +2,9 @@
 and the engine's set-up from the lowered arrays (op_message_lists, hbm_sharing).
 
 Budget: all of it for the 61-layer EP320 step in <= 15 s, so that the step's 60 s are mostly the
-engine's. About 6.5 s of it is work; the rest is the first touch of the lowering's 2.9 GB of new
-arrays, which on the development VM costs 1-2.5 s per GB (transparent huge pages, which numpy
-asks for, are the slow case there) and varies with what the machine did just before. Each measurement runs in a child process (its peak memory is its own): read_trace,
+engine's. Numpy's arrays are in small pages, as run_trace has them (``cmemu.run.small_pages``). About
+6 s of the front end is work; the rest is the first touch of the lowering's 2.9 GB of new
+arrays, which varies on the development VM with what the machine did just before. Each measurement runs in a child process (its peak memory is its own): read_trace,
 load_trace, lower, then the two set-up helpers, with wall time, peak RSS, the RSS still held
 after lowering (trace IR + Lowered) and the lowering's own peak above what it holds at the end. The 4- and 5-layer steps differ by one MoE layer; the whole step (3 dense + 58
 MoE layers + MTP) is extrapolated from them: exactly for the counts, pessimistically for time
@@ -29,7 +29,7 @@ import json, resource, sys, threading, time
 import psutil
 from cmemu._core import hbm_sharing, op_message_lists
 from cmemu.lower import lower
-from cmemu.run import resolve_system
+from cmemu.run import resolve_system, small_pages
 from cmemu.topology import build_topology
 from cmemu.trace import load_trace, read_trace
 
@@ -47,6 +47,7 @@ def watch():  # the RSS high-water mark since high[0] was last reset
 
 
 threading.Thread(target=watch, daemon=True).start()
+small_pages().__enter__()  # as run_trace has it
 t0 = time.perf_counter()
 read = read_trace(sys.argv[1])
 t1 = time.perf_counter()

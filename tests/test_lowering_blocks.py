@@ -202,16 +202,3 @@ def test_hbm_demand_equals_its_reference(seed):
     want = hbm_demand_reference(kind, dur, hbm, rank, cap, (0, 3))
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
-
-def test_big_result_arrays_are_mappings_of_their_own():
-    # 4 MiB and more: a view of an anonymous mapping (4 KiB pages, see _result_array), writable
-    # and contiguous as the engine's memoryviews need; smaller ones numpy's own.
-    import mmap
-
-    from cmemu.lower.builder import _result_array
-
-    big, small = _result_array(1 << 20, np.int32), _result_array(1000, np.int64)
-    assert isinstance(big.base.obj, mmap.mmap) and big.flags.writeable and big.flags.c_contiguous
-    assert big.dtype == np.int32 and big.shape == (1 << 20,) and small.flags.owndata
-    big[:] = 7
-    assert int(big.sum()) == 7 << 20

@@ -208,21 +208,6 @@ def edge_block(base: int, src, dst) -> Block:
                  empty)
 
 
-def _result_array(n: int, dtype) -> np.ndarray:
-    """An uninitialised array for the lowering's result. A big one is a view of an anonymous
-    mapping of its own, not numpy's memory: numpy asks the kernel for transparent huge pages for
-    arrays of 4 MiB and more, and on the development VM a first write to such memory costs two to
-    three times what it does in 4 KiB pages (the 2.9 GB of a 61-layer decode step's lowering:
-    about 3 s). The lowering's arrays had 4 KiB pages before too (they grew by realloc). The
-    mapping is unmapped when the last view of it goes."""
-    import mmap
-
-    nbytes = n * np.dtype(dtype).itemsize
-    if nbytes < 1 << 22:
-        return np.empty(n, dtype=dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype)
-
-
 def _edge_spans(parts):
     """Where each part's edge sources lie, when the edges can go straight into the CSR:
     (first source, block, members, base) of each part with edges, by first source; None if a
@@ -257,12 +242,11 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
     m = sum(b.n_messages for b, _ in parts)
     e = sum(b.n_edges for b, _ in parts)
     spans = _edge_spans(parts)
-    cols = {name: _result_array(n, dtype) for name, (dtype, _) in _COLUMNS.items()}
-    msgs = {name: _result_array(m, dtype) for name, dtype in MSG_COLUMNS.items()}
+    cols = {name: np.empty(n, dtype=dtype) for name, (dtype, _) in _COLUMNS.items()}
+    msgs = {name: np.empty(m, dtype=dtype) for name, dtype in MSG_COLUMNS.items()}
     if spans is None:  # the edges in the order given, sorted by source at the end
         src, dst = np.empty(e, dtype=np.int32), np.empty(e, dtype=np.int32)
-    report = _result_array(n, np.int32)
-    report.fill(-1)
+    report = np.full(n, -1, dtype=np.int32)
     op_lo = msg_lo = edge_lo = 0
     parts.reverse()
     while parts:
@@ -299,9 +283,8 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         del src, dst
     else:
         # Each block's successor lists, in the order of their sources' spans: the CSR itself.
-        succ_ptr = _result_array(n + 1, np.int64)
-        succ_ptr.fill(0)
-        succ_idx = _result_array(e, np.int32)
+        succ_ptr = np.zeros(n + 1, dtype=np.int64)
+        succ_idx = np.empty(e, dtype=np.int32)
         at = 0
         for lo, block, members, base in spans:
             _, counts, dst = block.sorted_edges()
