@@ -211,3 +211,25 @@ def test_release_keeps_the_results(mini):
         e.run()
     with pytest.raises(RuntimeError):
         e.op_start_ps
+
+
+@pytest.mark.parametrize("skew_ps", [0, 1234])
+def test_ack_times_with_asymmetric_ports(mini, skew_ps):
+    # The native engine adds an ack's way back up as its packet goes (ports and L1-L2 links
+    # alike on every endpoint: the way back costs what the way there does), else it routes it
+    # (ack_trip). One endpoint's ports made slower one way: both must still agree with the
+    # reference, which always routes it.
+    import dataclasses
+
+    fabric = build_fabric(mini, model="message")
+    lat = fabric.link_latency_ps.copy()  # the topology's own array otherwise
+    lat[np.asarray(fabric.ep_down).ravel()[2 * fabric.planes:3 * fabric.planes]] += skew_ps  # die 2's, every plane
+    fabric = dataclasses.replace(fabric, link_latency_ps=lat)
+    pairs = [(0, 2), (2, 0), (20, 2), (2, 21), (3, 2)]
+    lowered = writes(mini, pairs, 10_000)
+    native = simulate(lowered, fabric, native=True)
+    reference = simulate(lowered, fabric, native=False)
+    assert np.array_equal(np.asarray(native.op_end_ps), np.asarray(reference.op_end_ps))
+    assert np.array_equal(np.asarray(native.msg_delivered_ps), np.asarray(reference.msg_delivered_ps))
+    plain = simulate(lowered, build_fabric(mini, model="message"))
+    assert np.array_equal(np.asarray(native.op_end_ps), np.asarray(plain.op_end_ps)) == (skew_ps == 0)

@@ -352,6 +352,11 @@ cdef class Engine:
     cdef int64_t n_links
     cdef int64_t[::1] link_ack      # an ack's serialisation and latency on the link (ack_trip)
     cdef uint8_t[::1] link_ack_path  # the path it was worked out for, plus one (0: not yet)
+    # An endpoint's port links on a plane (ep_up, ep_down) have one rate, and the same difference
+    # of latencies as every other endpoint's (the switch's traversal on the way down), and every
+    # L1-L2 link (l1_uplink, l2_down) one rate and latency: a UB ack's way back then takes what
+    # its packet's way there would (path_reserve sums it as it goes).
+    cdef bint ub_mirror
     # Routing tables.
     cdef const int32_t[::1] t_ep_up
     cdef const int32_t[::1] t_ep_down
@@ -563,6 +568,15 @@ cdef class Engine:
             self.lk[i].busy = 0
             self.lk[i].cur_bin = -1
 
+        rate_a, lat_a = np.asarray(F.link_rate_byte_per_s), np.asarray(F.link_latency_ps)
+        up, down = np.asarray(F.ep_up).ravel().astype(np.int64), np.asarray(F.ep_down).ravel().astype(np.int64)
+        both = (up >= 0) & (down >= 0)
+        mid = np.concatenate([np.asarray(F.l1_uplink).ravel(), np.asarray(F.l2_down).ravel()]).astype(np.int64)
+        mid = mid[mid >= 0]
+        self.ub_mirror = bool(up.shape == down.shape and np.array_equal(both, (up >= 0) | (down >= 0))
+                              and np.array_equal(rate_a[up[both]], rate_a[down[both]])
+                              and np.unique(lat_a[up[both]] - lat_a[down[both]]).size <= 1
+                              and np.unique(rate_a[mid]).size <= 1 and np.unique(lat_a[mid]).size <= 1)
         self.t_ep_up = F.ep_up
         self.t_ep_down = F.ep_down
         self.t_l1_uplink = F.l1_uplink
@@ -1663,7 +1677,7 @@ cdef class Engine:
         cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m], d = self.msg_dst[m]
         cdef int32_t links[8]
         cdef int hop = 0, n = 0, path = self.msg_path[m]
-        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0
+        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
         # ends, and the open counter bin of its issue time) together rather than one hop after
@@ -1683,6 +1697,8 @@ cdef class Engine:
                 cm_prefetch(L.cal + 2 * L.cal_n - 2)
             if self.bin_ps > 0:
                 cm_prefetch(self.ring + <int64_t>links[hop] * RING * 2 + b)
+        if path == PATH_UB and self.ub_mirror:
+            ack = 0
         for hop in range(n):
             link = links[hop]
             if self.lk[link].rate != rate:  # the links of a path mostly have one rate
@@ -1692,25 +1708,28 @@ cdef class Engine:
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
             t += self.lk[link].lat
+            if ack >= 0:
+                ack += self.link_ack_of(link, path)
         self.packets_sent += n
         rate = self.ep_sink_rate[d]
         if rate > 0:  # the sink takes it in its idle time too
             ser = serialisation_ps(self.pkts[p].payload, rate)
             t = self.cal_reserve(&self.sk[d], t, ser) + ser
-        return self.write_absorbed(p, t + self.ep_write_lat[d])
+        return self.write_absorbed(p, t + self.ep_write_lat[d], ack)
 
-    cdef int write_absorbed(self, int32_t p, int64_t t) except -1:
+    cdef int write_absorbed(self, int32_t p, int64_t t, int64_t ack=-1) except -1:
         """Write packet p is in its destination's memory at t. The message is delivered with its
         last packet, at the latest of its packets' times (they may come in any order on the
         message-level fabric). The packet's ack is computed, not simulated: it is back after its
-        trip, which frees its window slot (see collect_acks) and ends the send op no earlier; the
-        message is acknowledged when its last ack is."""
+        trip (``ack`` ps when the caller knows it, else ack_trip), which frees its window slot
+        (see collect_acks) and ends the send op no earlier; the message is acknowledged when its
+        last ack is."""
         cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m]
         if t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
         if self.msg_left[m] == 1:
             self.deliver(m, self.msg_delivered[m])
-        t += self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
+        t += ack if ack >= 0 else self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
         self.ack_push(s, t)
         if self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
             self.wake_at(s, t)  # its initiator waits for a window slot
@@ -1997,12 +2016,15 @@ cdef class Engine:
             link = self.route_link(path, self.msg_dst[m], self.msg_src[m], plane, uplink, hop)
             if link < 0:
                 return total
-            if self.link_ack_path[link] != path + 1:  # an ack's time on it, worked out once per path
-                self.link_ack_path[link] = path + 1
-                self.link_ack[link] = (serialisation_ps(self.wire_bytes(path, PKT_ACK, 0), self.lk[link].rate)
-                                       + self.lk[link].lat)
-            total += self.link_ack[link]
+            total += self.link_ack_of(link, path)
             hop += 1
+
+    cdef inline int64_t link_ack_of(self, int32_t link, int path) noexcept nogil:
+        """An ack's serialisation and latency on the link, worked out once per path."""
+        if self.link_ack_path[link] != path + 1:
+            self.link_ack_path[link] = path + 1
+            self.link_ack[link] = serialisation_ps(self.wire_bytes(path, PKT_ACK, 0), self.lk[link].rate) + self.lk[link].lat
+        return self.link_ack[link]
 
     cdef int on_sink_done(self, int32_t p) except -1:
         """The destination took the packet out of its receive buffer."""
