@@ -191,7 +191,8 @@ def test_estimate_bounds_a_collective_heavy_run(tmp_path):
     tiny = tmp_path / "tiny.json"
     tiny.write_text(json.dumps({**HEADER, "system": "cloudmatrix384", "nodes": _comp_doc(2)["nodes"]}))
     subprocess.run([sys.executable, "-c", "from cmemu.cli import main; main()", "trace", "gen", "deepseek-r1",
-                    "--system", "cloudmatrix384", "--layers", "3", "-o", str(trace)], check=True, capture_output=True)
+                    "--system", "cloudmatrix384", "--layers", "3", "-o", str(trace)], check=True, capture_output=True,
+                   cwd=tmp_path)
     code = f"""
 import gc
 from cmemu.run import run_trace
@@ -207,8 +208,12 @@ base = status("VmRSS:")
 run_trace({str(trace)!r}, fabric_model="message", progress=False, output={str(tmp_path / "t.h5")!r})
 print("peak", status("VmHWM:") - base)
 """
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)  # Numba's cache
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    # From tmp_path: `python -c` puts the working directory first on sys.path, and a checkout's
+    # cmemu has no compiled core unless it was built in place.
+    for _ in range(2):  # the first fills Numba's cache
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
     peak = int(out.split("peak")[-1])
     topo = build_topology(load_system("cloudmatrix384"))
     need = R.estimate_memory(load_trace(trace, num_ranks=topo.spec.dies), topo)
