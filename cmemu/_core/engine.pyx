@@ -277,6 +277,7 @@ cdef class Engine:
     cdef int64_t[::1] hbm_sum          # per die, demand of its running ops, bytes/s
     cdef int64_t[::1] hbm_v            # per die, its clock (ps of alone time) at hbm_t
     cdef int64_t[::1] hbm_t
+    cdef int64_t[::1] hbm_last         # per die, the demand of its last clock record (-1: none)
     cdef int32_t[::1] hbm_first        # per die, the rows of its running ops (a list through h_next)
     cdef int32_t[::1] hbm_next_op      # per die, the row whose end is scheduled
     # Per op that takes part (a row each, in op order; OpInfo.u):
@@ -460,6 +461,7 @@ cdef class Engine:
         self.hbm_sum = np.zeros(n_dies, dtype=np.int64)
         self.hbm_v = np.zeros(n_dies, dtype=np.int64)
         self.hbm_t = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_last = np.full(n_dies, -1, dtype=np.int64)
         self.hbm_first = np.full(n_dies, -1, dtype=np.int32)
         self.hbm_next_op = np.full(n_dies, -1, dtype=np.int32)
         self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
@@ -1551,7 +1553,13 @@ cdef class Engine:
         return 0
 
     cdef int hbm_record(self, int32_t d) except -1:
+        """Die d's clock after a change of its demand. A record where the clock runs at full
+        speed (demand at most the capacity) before and after tells nothing the one before it
+        did not (the clock is the time since then): it is left out."""
         cdef int64_t* grown
+        if self.hbm_last[d] >= 0 and self.hbm_last[d] <= self.hbm_cap[d] and self.hbm_sum[d] <= self.hbm_cap[d]:
+            return 0
+        self.hbm_last[d] = self.hbm_sum[d]
         if self.hrec_len == self.hrec_cap:
             grown = <int64_t*>realloc(self.hrec, 4 * max(256, 2 * self.hrec_cap) * sizeof(int64_t))
             if grown == NULL:

@@ -67,6 +67,7 @@ class Engine:
         self.op_rate = rate.tolist()
         n_dies = len(self.hbm_cap)
         self.hbm_sum = [0] * n_dies
+        self.hbm_last = [None] * n_dies  # the demand of the die's last clock record
         self.hbm_v = [0] * n_dies
         self.hbm_t = [0] * n_dies
         self.hbm_running = [[] for _ in range(n_dies)]
@@ -565,13 +566,22 @@ class Engine:
             self.op_hend[best] = fin
             self.push(fin, EV_HBM_DONE, best)
 
+    def hbm_record(self, d):
+        # As the native engine: a record where the clock runs at full speed before and after
+        # tells nothing the one before it did not.
+        cap = self.hbm_cap[d]
+        if self.hbm_last[d] is not None and self.hbm_last[d] <= cap and self.hbm_sum[d] <= cap:
+            return
+        self.hbm_last[d] = self.hbm_sum[d]
+        self.hrec.append((d, self.now, self.hbm_v[d], self.hbm_sum[d]))
+
     def hbm_join(self, op):
         d = self.op_die[op]
         self.hbm_advance(d)
         self.op_target[op] = self.hbm_v[d] + self.op_dur_ps[op]
         self.hbm_sum[d] += self.op_rate[op]
         self.hbm_running[d].append(op)
-        self.hrec.append((d, self.now, self.hbm_v[d], self.hbm_sum[d]))
+        self.hbm_record(d)
         self.hbm_schedule(d)
 
     def on_hbm_done(self, op):
@@ -583,7 +593,7 @@ class Engine:
         self.hbm_advance(d)
         self.hbm_sum[d] -= self.op_rate[op]
         self.hbm_running[d].remove(op)
-        self.hrec.append((d, self.now, self.hbm_v[d], self.hbm_sum[d]))
+        self.hbm_record(d)
         self.hbm_schedule(d)
         if self.op_kind[op] == K_MEM:
             self.push(self.now + self.op_lat_ps[op], EV_OP_DONE, op)
