@@ -90,7 +90,9 @@ class Lowered:
         nt = self.num_trace_ops
         if nt == self.num_ops:
             return self, np.ones(self.num_messages, dtype=bool)
-        keep = (self.msg_send_op >= 0) & (self.msg_send_op < nt) & (self.msg_recv_op >= 0) & (self.msg_recv_op < nt)
+        # 0 <= op < nt, both ends, as one unsigned comparison each (-1 is above any op count).
+        keep = self.msg_send_op.view(np.uint32) < nt
+        keep &= self.msg_recv_op.view(np.uint32) < nt
         cut = {f.name: getattr(self, f.name)[:nt] for f in dataclasses.fields(self)
                if f.name.startswith("op_") and f.name != "op_name"}
         cut.update({f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self) if f.name.startswith("msg_")})
@@ -102,9 +104,9 @@ class Lowered:
         np.cumsum(np.bincount(src[keep_edge], minlength=nt), out=succ_ptr[1:])
         cut["op_npred"] = np.bincount(head[keep_edge], minlength=nt).astype(np.int32)
         if keep.size:
-            new_id = np.cumsum(keep) - 1
+            kept = np.flatnonzero(keep)  # the new id of a kept message is its place among them
             om = np.maximum(self.op_msg[:nt], 0)
-            cut["op_msg"] = np.where((self.op_msg[:nt] >= 0) & keep[om], new_id[om], -1).astype(np.int32)
+            cut["op_msg"] = np.where((self.op_msg[:nt] >= 0) & keep[om], np.searchsorted(kept, om), -1).astype(np.int32)
         view = dataclasses.replace(self, succ_ptr=succ_ptr, succ_idx=head[keep_edge], **cut)
         return view, keep
 
