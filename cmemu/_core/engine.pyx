@@ -512,7 +512,6 @@ cdef class Engine:
             self.ack_len[i] = 0
             self.ack_cap[i] = 0
 
-        self.path_mtu = F.path_mtu_byte
         self.path_flit = F.path_flit_byte
         self.path_header = F.path_header_byte
 
