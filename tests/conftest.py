@@ -1,11 +1,24 @@
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "traces"
+
+
+def assert_same_fields(a, b):
+    """Two dataclass instances hold the same values: arrays by dtype and contents, the rest by ==;
+    a difference names its field."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        else:
+            assert x == y, f.name
 
 
 @pytest.fixture

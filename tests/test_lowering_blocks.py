@@ -4,7 +4,6 @@ their final size, and the per-op lists built by Numba kernels (cmemu/lower/build
 Each shortcut is checked against the plain way: every collective lowered on its own, and the
 numpy references of the kernels.
 """
-import dataclasses
 import json
 
 import numpy as np
@@ -27,6 +26,7 @@ from cmemu.lower.passes import (
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 from cmemu.trace import load_trace
+from conftest import assert_same_fields
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +86,7 @@ def test_collectives_placed_again_equal_each_lowered_on_its_own(tmp_path, mini, 
     calls.clear()
     own = lower(load_trace(layered_trace(tmp_path, 3, own_attrs=True, name="own.json"), mini.num_dies), mini)
     assert len(calls) == 27
-    for f in dataclasses.fields(shared):
-        a, b = getattr(shared, f.name), getattr(own, f.name)
-        if isinstance(a, np.ndarray):
-            assert a.dtype == b.dtype and np.array_equal(a, b), f.name
-        else:
-            assert a == b, f.name
+    assert_same_fields(shared, own)
     # Every member's report start (its entry), each in its own collective's ops.
     assert shared.num_messages > 1000 and (shared.op_report_start >= 0).sum() == 3 * (5 * 4 + 4 * 5)
 

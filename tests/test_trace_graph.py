@@ -1,10 +1,8 @@
 """Trace.graph: the nodes and edges as arrays, built by the loader while it checks, equal to the
 graph worked out from the loaded nodes alone (cmemu.trace.ir.graph_of)."""
-import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -12,20 +10,14 @@ from hypothesis import strategies as st
 from cmemu.errors import TraceError
 from cmemu.trace import load_trace
 from cmemu.trace.ir import graph_of
+from conftest import assert_same_fields
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((REPO / "traces").glob("*.json")) + sorted((REPO / "traces" / "examples").glob("*.json"))
 
 
 def assert_same_graph(trace):
-    built = trace.graph
-    worked_out = graph_of(trace.nodes, trace.header.get("groups", {}))
-    for f in dataclasses.fields(built):
-        a, b = getattr(built, f.name), getattr(worked_out, f.name)
-        if isinstance(a, np.ndarray):
-            assert a.dtype == b.dtype and np.array_equal(a, b), f.name
-        else:
-            assert a == b, f.name
+    assert_same_fields(trace.graph, graph_of(trace.nodes, trace.header.get("groups", {})))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
