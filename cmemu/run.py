@@ -51,9 +51,10 @@ MESSAGE_BYTES = 200  # lowered (26 B) and engine (16 B) per-message arrays, the 
 # A collective's internal ops and messages: no trace node, no /ops or /messages row, built in
 # blocks of their final size (cmemu/lower/builder.py). At the end of the EP320 decode step's run
 # (5 to 61 layers): an op about 90 B lowered, 64 B OpInfo, 8 B message list, 36 B HBM sharing
-# for half of them; a message 26 B lowered and 16 B in the engine. Rounded up.
+# for half of them; a message 26 B lowered and 8 B in the engine (its packets to come and its
+# place in its op's list; no delivery time is kept). Rounded up.
 INNER_OP_BYTES = 200
-INNER_MESSAGE_BYTES = 50
+INNER_MESSAGE_BYTES = 40
 INNER_EDGE_BYTES = 12  # their CSR entry (4 B), laid straight into place
 LINK_BYTES = 200  # topology, fabric and engine per-link arrays, VOQ heads and tails
 PACKET_BYTES = 48  # one live packet in the engine's pool
@@ -319,8 +320,10 @@ class RunResult:
     # (schema.LINK_SERIES_FIELDS), written to /links/binned.
     tasks: dict | None = None
     link_series: dict | None = None
-    msg_packets: np.ndarray | None = None  # int64 [msgs]: packets each message was cut into
-    msg_delivered_ps: np.ndarray | None = None  # int64 [msgs]: when its last byte was in memory
+    msg_packets: np.ndarray | None = None  # int64: packets each message was cut into (as msg_delivered_ps)
+    # int64: when each message's last byte was in memory, for the first messages only in a run of a
+    # trace (Lowered.leading_trace_messages: the trace's own, the ones /messages holds)
+    msg_delivered_ps: np.ndarray | None = None
     packets_sent: int = 0  # packet transmissions, one per packet per link
     packets_lost: int = 0  # packets lost on links that failed during the run (and sent again)
     hbm_series: dict | None = None  # {"bin_ps", "die", "bin", "bytes"}: HBM bytes per die and time bin
@@ -378,16 +381,19 @@ def resolve_system(trace_system: str | None, system: str | None, overrides=()) -
 
 
 def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress | None = None,
-             queue_limit_bytes: int | None = None, bin_ps: int = 0, record_packets: bool = False):
+             queue_limit_bytes: int | None = None, bin_ps: int = 0, record_packets: bool = False,
+             record_deliveries: int = -1):
     """Run the engine to the end; raise SimulationError if ops stay blocked or time ran back.
 
     The engine runs in slices of EVENTS_PER_SLICE events. Between slices: progress, and the
     event queue's high-water mark against ``queue_limit_bytes`` (MemoryLimitError above it).
     A KeyboardInterrupt lands between slices (the native loop holds no Python frame); the
     progress line is closed and the interrupt goes on to the caller.
-    ``record_packets`` keeps every packet's transmission on every link (``engine.packet_records()``).
+    ``record_packets`` keeps every packet's transmission on every link (``engine.packet_records()``);
+    ``record_deliveries``: keep the delivery times of the first that many messages (-1: all).
     """
-    engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps, record_packets=record_packets)
+    engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps, record_packets=record_packets,
+                         record_deliveries=record_deliveries)
     per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
     try:
         while not _run_slice(engine, lowered, fabric):
@@ -408,6 +414,9 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
         raise SimulationError("internal invariant broken: an event was scheduled in the past")
     if engine.ops_done != lowered.num_ops:
         raise SimulationError(describe_blocked(lowered, engine))
+    if engine.messages_delivered != lowered.num_messages:
+        raise SimulationError(f"internal invariant broken: {lowered.num_messages - engine.messages_delivered:,} "
+                              "messages were never delivered")
     if engine.packets_live != 0:
         raise SimulationError(f"internal invariant broken: {engine.packets_live} packets never reached their end")
     if not np.array_equal(engine.credit_bytes, np.repeat(fabric.link_credit_byte[:, None], 2, axis=1)):
@@ -457,7 +466,7 @@ def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
     """Name the ops that can never finish and why (a receive whose send never ran, ...)."""
     start = np.asarray(engine.op_start_ps)
     end = np.asarray(engine.op_end_ps)
-    delivered = np.asarray(engine.msg_delivered_ps)
+    pending = np.asarray(engine.msg_pending)
     blocked = np.flatnonzero(end < 0)
     lines = []
 
@@ -465,7 +474,7 @@ def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
         return _op_label(lowered, i)
 
     # Ops that started but cannot end: receives waiting for a message first, they are the roots.
-    waiting = np.flatnonzero(delivered < 0)
+    waiting = np.flatnonzero(pending > 0)
     for i in blocked:
         if start[i] >= 0 and lowered.op_kind[i] == OP_KIND_RECV:
             # Its messages not yet delivered (a receive may wait for several).
@@ -590,10 +599,13 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
     bin_ps = ns_to_ps(link_bin_ns) if link_bin_ns else 0
     record = detail == "packets"
+    # Delivery times are kept for the trace's own messages, what /messages holds.
     engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps,
-                      record_packets=record)
+                      record_packets=record, record_deliveries=lowered.leading_trace_messages())
+    # Its run state: the rest of the results are built without it (the op times read first).
+    engine.release(keep_op_times=True)
     op_start, op_end = np.asarray(engine.op_start_ps), np.asarray(engine.op_end_ps)
-    engine.release()  # its run state: the rest of the results are built without it
+    engine.release()
     full = RunResult(
         spec=spec,
         topology=topo,
@@ -608,7 +620,8 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         wall_time_s=0.0,
         native=native,
         link_series=engine.link_series() if bin_ps else None,
-        msg_packets=np.asarray(engine.msg_packets, dtype=np.int64),
+        msg_packets=engine.message_packets(len(engine.msg_delivered_ps)),
+        fabric_packets=int(engine.packets_total),
         msg_delivered_ps=np.asarray(engine.msg_delivered_ps),
         packets_sent=int(engine.packets_sent),
         packets_lost=int(getattr(engine, "packets_lost", 0)),
@@ -906,27 +919,25 @@ def trace_result(full: RunResult, pipe_intervals: int | None = None) -> RunResul
     packets = packet_rows(full, keep) if full.packets is not None else None
     return dataclasses.replace(
         full, lowered=view, op_start_ps=start, op_end_ps=full.op_end_ps[:nt].copy(), tasks=tasks,
-        msg_packets=full.msg_packets[keep], msg_delivered_ps=full.msg_delivered_ps[keep],
+        # The kept messages come first, and only they have packet counts and delivery times.
+        msg_packets=full.msg_packets[keep[:full.msg_packets.size]],
+        msg_delivered_ps=full.msg_delivered_ps[keep[:full.msg_delivered_ps.size]],
         hbm_series=hbm_die, hbm_stack_series=hbm_stack, moe_pairs=moe_pairs(full.trace), packets=packets,
-        fabric_messages=L.num_messages, fabric_packets=int(full.msg_packets.sum()),
+        fabric_messages=L.num_messages, fabric_packets=full.fabric_packets,
         fabric_bytes=int(L.msg_bytes.sum()), pipe_intervals=n_pipe,
     )
 
 
 def check_invariants(result: RunResult) -> None:
     """DESIGN.md's invariants that hold after a run: dependencies respected, bytes conserved."""
+    from cmemu.lower.passes import early_successor
+
     L = result.lowered
     start, end = result.op_start_ps, result.op_end_ps
     if np.any(end < start):
         raise SimulationError("internal invariant broken: an op ended before it started")
-    # Each op's earliest successor start against its end (no per-edge source column).
-    has = np.flatnonzero(L.succ_ptr[1:] > L.succ_ptr[:-1])
-    first = np.minimum.reduceat(start[L.succ_idx[:L.succ_ptr[-1]]], L.succ_ptr[has]) if has.size else start[:0]
-    late = has[first < end[has]]
-    if late.size:
-        i = int(late[0])
-        succ = L.succ_idx[L.succ_ptr[i]:L.succ_ptr[i + 1]]
-        j = int(succ[np.flatnonzero(start[succ] < end[i])[0]])
+    i, j = early_successor(L.succ_ptr, L.succ_idx, start, end)
+    if i >= 0:
         raise SimulationError(
             f"internal invariant broken: node {L.op_node_id[j]} started before its dependency "
             f"node {L.op_node_id[i]} ended"

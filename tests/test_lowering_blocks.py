@@ -14,6 +14,8 @@ from cmemu.errors import TraceError
 from cmemu.lower import lower
 from cmemu.lower.builder import Block, OpBuilder, _Ids
 from cmemu.lower.passes import (
+    early_successor,
+    early_successor_reference,
     hbm_demand,
     hbm_demand_reference,
     message_lists,
@@ -140,6 +142,16 @@ def test_kernels_equal_their_references(seed):
     send, recv = np.minimum(send, n - 1), np.minimum(recv, n - 1)
     for got, want in zip(message_lists(kind, send, recv, 1, 2), message_lists_reference(kind, send, recv, 1, 2)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
+    # Op times with some dependencies broken (a successor starting before its op ended), or none.
+    ptr, idx, _ = successor_csr(src, dst, n)
+    end = rng.integers(0, 100, n).astype(np.int64)
+    for start in (end - rng.integers(1, 50, n), end - 200, np.full(n, 100)):
+        got = early_successor(ptr, idx, start, end)
+        assert got == early_successor_reference(ptr, idx, start, end)
+        if got[0] >= 0:
+            assert got[1] in idx[ptr[got[0]]:ptr[got[0] + 1]] and start[got[1]] < end[got[0]]
+        else:
+            assert np.all(start[idx] >= np.repeat(end, np.diff(ptr)))
 
 
 def test_kernels_refuse_ops_outside_the_ops():

@@ -201,6 +201,10 @@ def test_release_keeps_the_results(mini):
     e = simulate(writes(mini, pairs, 9000), build_fabric(mini, model="message"), bin_ps=1_000_000)
     before = (np.asarray(e.msg_delivered_ps).copy(), np.asarray(e.msg_packets), np.asarray(e.link_bytes),
               e.link_series(), e.hbm_clock())
+    times = (e.op_start_ps, e.op_end_ps)
+    e.release(keep_op_times=True)  # the op times can still be read, once the rest is freed
+    assert np.array_equal(e.op_start_ps, times[0]) and np.array_equal(e.op_end_ps, times[1])
+    assert e.packets_total == before[1].sum() and np.array_equal(e.message_packets(3), before[1][:3])
     e.release()
     assert np.array_equal(np.asarray(e.msg_delivered_ps), before[0])
     assert np.array_equal(np.asarray(e.msg_packets), before[1])
@@ -233,3 +237,37 @@ def test_ack_times_with_asymmetric_ports(mini, skew_ps):
     assert np.array_equal(np.asarray(native.msg_delivered_ps), np.asarray(reference.msg_delivered_ps))
     plain = simulate(lowered, build_fabric(mini, model="message"))
     assert np.array_equal(np.asarray(native.op_end_ps), np.asarray(plain.op_end_ps)) == (skew_ps == 0)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("model", ["packet", "message"])
+@pytest.mark.parametrize("gate", ["none", "middle", "after"])
+def test_receive_of_many_writes_ends_at_the_last(mini, native, model, gate):
+    """A receive waiting for three writes from three dies ends at the latest delivery, whether it
+    starts before they land, between them (a COMP before it ends midway between the first and
+    last delivery: those already in count with their times), or after them all. Only the first
+    delivery time is kept when asked (record_deliveries=1), and the run is the same."""
+    from cmemu.lower import OP_KIND_COMP
+
+    kinds = [OP_KIND_SEND] * 3 + [OP_KIND_RECV, OP_KIND_COMP]
+    fabric = build_fabric(mini, model=model)
+
+    def run(gate_ps, **kw):
+        table = MessageTable()
+        for k, (s, size) in enumerate(((0, 9000), (1, 3000), (3, 20000))):
+            table.add(mini, s, 2, size, "ub", send_op=k, recv_op=3)
+        lowered = lowered_from_parts(kinds, [0, 0, 0, 0, gate_ps], [4], [3], table, op_msg=[0, 1, 2, 0, -1],
+                                     rank=[0, 1, 3, 2, 2])
+        return simulate(lowered, fabric, native=native, **kw)
+
+    free = np.asarray(run(0).msg_delivered_ps)
+    assert free.shape == (3,) and len(set(free.tolist())) == 3 and free.min() > 0
+    gate_ps = {"none": 0, "middle": (free.min() + free.max()) // 2, "after": 2 * free.max()}[gate]
+    full = run(gate_ps)
+    delivered = np.asarray(full.msg_delivered_ps)
+    assert np.array_equal(delivered, free)  # the receive's start does not move the data
+    assert full.op_end_ps[3] == max(gate_ps, free.max())
+    assert full.messages_delivered == 3
+    one = run(gate_ps, record_deliveries=1)
+    assert np.array_equal(one.msg_delivered_ps, free[:1])
+    assert np.array_equal(one.op_end_ps, full.op_end_ps) and one.messages_delivered == 3

@@ -4,18 +4,20 @@
 """
 
 
-def make_engine(lowered, fabric, native: bool = True, bin_ps: int = 0, record_packets: bool = False):
+def make_engine(lowered, fabric, native: bool = True, bin_ps: int = 0, record_packets: bool = False,
+                record_deliveries: int = -1):
     """An engine over lowered arrays and a fabric: the Cython kernel, or the pure-Python reference.
 
     ``bin_ps`` > 0 also collects per-link bytes and busy time in bins of that width;
     ``record_packets`` keeps a record of every packet's transmission on every link
-    (``engine.packet_records()``; 40 B each: for small runs).
+    (``engine.packet_records()``; 40 B each: for small runs). ``engine.msg_delivered_ps`` holds
+    the delivery times of the first ``record_deliveries`` messages (-1: all of them).
     """
     if native:
         from cmemu._core.engine import Engine
     else:
         from cmemu._core.reference import Engine
-    return Engine(lowered, fabric, bin_ps, record_packets)
+    return Engine(lowered, fabric, bin_ps, record_packets, record_deliveries)
 
 
 def op_message_lists(lowered):

@@ -306,9 +306,13 @@ cdef class Engine:
     cdef const int32_t[::1] msg_recv_op
     cdef int32_t[::1] msg_left        # packets not yet delivered (and, for a write, acknowledged)
     cdef readonly cnp.ndarray msg_delivered_ps
-    # When the message was delivered (its last packet in memory); on the message-level fabric,
-    # the latest of its packets' so far until msg_left is 0.
+    # When a message was delivered (its last packet in memory), kept for the first n_record
+    # messages only (record_deliveries); on the message-level fabric, the latest of its packets'
+    # so far until msg_left is 0. A receive needs no per-message time: it keeps the latest of its
+    # messages' packets itself (OpInfo.tmax), from before it starts on (deliver).
     cdef int64_t[::1] msg_delivered
+    cdef int64_t n_record
+    cdef readonly int64_t messages_delivered
     # Endpoints.
     cdef const int64_t[::1] ep_startup
     cdef const int64_t[::1] ep_write_lat
@@ -409,7 +413,7 @@ cdef class Engine:
         self.hrec_len = 0
         self.hrec_cap = 0
 
-    def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False):
+    def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False, int64_t record_deliveries=-1):
         cdef int64_t i
         L, F = lowered, fabric
         self.n_ops = L.op_kind.shape[0]
@@ -434,7 +438,8 @@ cdef class Engine:
             self.ops[i].succ_lo = succ_ptr[i]
             self.ops[i].succ_n = <int32_t>(succ_ptr[i + 1] - succ_ptr[i])
             self.ops[i].pending = npred[i]
-            self.ops[i].u = res[i]
+            # A RECV counts its messages delivered before it starts in u (see deliver).
+            self.ops[i].u = 0 if kind[i] == K_RECV else res[i]
             self.ops[i].qnext = -1
             self.ops[i].tmax = 0
             self.ops[i].hbm = 0
@@ -482,8 +487,10 @@ cdef class Engine:
         self.path_mtu = F.path_mtu_byte
         for i in range(n_msgs):
             self.msg_left[i] = self.packets_of(<int32_t>i)  # every packet is still to come
-        self.msg_delivered_ps = np.full(n_msgs, -1, dtype=np.int64)
+        self.n_record = n_msgs if record_deliveries < 0 else min(record_deliveries, n_msgs)
+        self.msg_delivered_ps = np.full(self.n_record, -1, dtype=np.int64)
         self.msg_delivered = self.msg_delivered_ps
+        self.messages_delivered = 0
 
         n_eps = F.ep_node.shape[0]
         self.ep_startup = F.ep_startup_ps
@@ -686,18 +693,20 @@ cdef class Engine:
         free(self.recs)
         free(self.hrec)
 
-    def release(self):
-        """Free what only the simulation needs, once the run is over and its op times have been
-        read: the per-op and per-message state, the event queue, the calendars and the packet
-        pool (gigabytes on a big run, while its results are built). Afterwards only
-        msg_delivered_ps, msg_packets, the link totals and series, hbm_clock and packet_records
-        can be read."""
+    def release(self, bint keep_op_times=False):
+        """Free what only the simulation needs, once the run is over: the per-op and per-message
+        state, the event queue, the calendars and the packet pool (gigabytes on a big run, while
+        its results are built). Afterwards only msg_delivered_ps, messages_delivered,
+        msg_packets, the link totals and series, hbm_clock and packet_records can be read; with
+        ``keep_op_times``, op_start_ps and op_end_ps too, until release() is called again (read
+        them then: less memory in use as they are built)."""
         cdef int64_t i
+        if not keep_op_times and self.ops != NULL:
+            free(self.ops)
+            self.ops = NULL
         if self.released:
             return
         self.released = True
-        free(self.ops)
-        self.ops = NULL
         for i in range(self.n_links):
             free(self.lk[i].cal)
             self.lk[i].cal = NULL
@@ -1138,14 +1147,35 @@ cdef class Engine:
         return 1 if n <= mtu else <int32_t>((n + mtu - 1) // mtu)
 
     @property
+    def msg_pending(self):
+        """Packets of each message not yet delivered (int32 [msgs]; 0: delivered), until release."""
+        if self.released:
+            raise RuntimeError("this engine's run state was released")
+        return np.asarray(self.msg_left).copy()
+
+    @property
     def msg_packets(self):
         """Packets each message is cut into (int64 [msgs])."""
-        out = np.empty(self.msg_bytes.shape[0], dtype=np.int64)
+        return self.message_packets()
+
+    def message_packets(self, int64_t n=-1):
+        """Packets each of the first n messages (-1: all) is cut into (int64 [n])."""
+        n = self.msg_bytes.shape[0] if n < 0 else min(n, self.msg_bytes.shape[0])
+        out = np.empty(n, dtype=np.int64)
         cdef int64_t[::1] o = out
         cdef int32_t m
-        for m in range(o.shape[0]):
+        for m in range(n):
             o[m] = self.packets_of(m)
         return out
+
+    @property
+    def packets_total(self):
+        """Packets of all the messages together (what msg_packets sums to)."""
+        cdef int64_t total = 0
+        cdef int32_t m
+        for m in range(self.msg_bytes.shape[0]):
+            total += self.packets_of(m)
+        return total
 
     cdef inline void leg_ends(self, int32_t p, int32_t* s, int32_t* d) noexcept nogil:
         """Endpoints of the packet's current leg (a read's request goes the other way)."""
@@ -1497,15 +1527,10 @@ cdef class Engine:
                 msg = self.op_midx[i]
                 if self.msg_kind[msg] == MSG_WRITE:
                     self.message_start(i)
-        else:  # K_RECV: it waits for every message not yet delivered
-            o.tmax = t
-            for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
-                msg = self.op_midx[i]
-                if self.msg_left[msg] == 0:
-                    if self.msg_delivered[msg] > o.tmax:
-                        o.tmax = self.msg_delivered[msg]
-                else:
-                    left += 1  # see deliver
+        else:  # K_RECV: it waits for every message not yet delivered (u of them were, by tmax)
+            if t > o.tmax:
+                o.tmax = t
+            left = <int32_t>(self.op_mptr[op + 1] - self.op_mptr[op]) - o.u
             o.u = left
             if left == 0:
                 self.push(o.tmax, EV_OP_DONE, op)
@@ -1629,16 +1654,25 @@ cdef class Engine:
 
     cdef int deliver(self, int32_t m, int64_t t) except -1:
         """Message m is delivered at t (now or later): its waiting receive may end then. A receive
-        that started before counted it among those it waits for (start_op); one that starts
-        later finds it delivered."""
+        that started before counted it among those it waits for (start_op) and ends at the latest
+        of its messages' times; one that starts later counts it as delivered (u), its time in
+        tmax. (A write's packets bring their times to the receive's tmax as they land: see
+        write_absorbed.)"""
         cdef int32_t r = self.msg_recv_op[m]
-        self.msg_delivered[m] = t
-        if r >= 0 and self.ops[r].kind == K_RECV and self.ops[r].start >= 0:
-            if t > self.ops[r].tmax:
-                self.ops[r].tmax = t
-            self.ops[r].u -= 1
-            if self.ops[r].u == 0:
-                self.push(self.ops[r].tmax, EV_OP_DONE, r)
+        cdef OpInfo* o
+        self.messages_delivered += 1
+        if m < self.n_record and t > self.msg_delivered[m]:
+            self.msg_delivered[m] = t
+        if r >= 0 and self.ops[r].kind == K_RECV:
+            o = &self.ops[r]
+            if t > o.tmax:
+                o.tmax = t
+            if o.start < 0:
+                o.u += 1
+                return 0
+            o.u -= 1
+            if o.u == 0:
+                self.push(o.tmax, EV_OP_DONE, r)
         return 0
 
     cdef int message_start(self, int64_t i) except -1:
@@ -1731,11 +1765,13 @@ cdef class Engine:
         trip (``ack`` ps when the caller knows it, else ack_trip), which frees its window slot
         (see collect_acks) and ends the send op no earlier; the message is acknowledged when its
         last ack is."""
-        cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m]
-        if t > self.msg_delivered[m]:
+        cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m], r = self.msg_recv_op[m]
+        if m < self.n_record and t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
+        if r >= 0 and t > self.ops[r].tmax and self.ops[r].kind == K_RECV:
+            self.ops[r].tmax = t  # the latest of its messages' packets so far (deliver)
         if self.msg_left[m] == 1:
-            self.deliver(m, self.msg_delivered[m])
+            self.deliver(m, t)
         t += ack if ack >= 0 else self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
         self.ack_push(s, t)
         if self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:

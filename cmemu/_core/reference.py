@@ -45,7 +45,7 @@ class _Packet:
 
 
 class Engine:
-    def __init__(self, lowered, fabric, bin_ps=0, record_packets=False):
+    def __init__(self, lowered, fabric, bin_ps=0, record_packets=False, record_deliveries=-1):
         L, F = lowered, fabric
         self.n_ops = int(L.op_kind.shape[0])
         self.op_kind = L.op_kind.tolist()
@@ -101,6 +101,8 @@ class Engine:
         self.msg_qnext = [-1] * n_msgs
         self.recv_waiting = [False] * n_msgs
         self.msg_delivered = [-1] * n_msgs
+        self.n_record = n_msgs if record_deliveries < 0 else min(record_deliveries, n_msgs)
+        self.messages_delivered = 0
 
         n_eps = int(F.ep_node.shape[0])
         self.ep_startup = F.ep_startup_ps.tolist()
@@ -602,6 +604,7 @@ class Engine:
 
     def deliver(self, m, t):
         self.msg_delivered[m] = t
+        self.messages_delivered += 1
         if self.recv_waiting[m]:
             self.recv_waiting[m] = False
             r = self.msg_recv_op[m]
@@ -903,7 +906,7 @@ class Engine:
             handlers[kind](self, a)
         return not heap
 
-    def release(self):
+    def release(self, keep_op_times=False):
         """Engine.release: the reference keeps its state (it is for small runs)."""
 
     @property
@@ -920,11 +923,22 @@ class Engine:
 
     @property
     def msg_delivered_ps(self):
-        return np.asarray(self.msg_delivered, dtype=np.int64)
+        return np.asarray(self.msg_delivered[:self.n_record], dtype=np.int64)
+
+    @property
+    def msg_pending(self):
+        return np.asarray(self.msg_left, dtype=np.int32)
 
     @property
     def msg_packets(self):
         return np.asarray(self.msg_npkts, dtype=np.int32)
+
+    def message_packets(self, n=-1):
+        return np.asarray(self.msg_npkts[:None if n < 0 else n], dtype=np.int64)
+
+    @property
+    def packets_total(self):
+        return sum(self.msg_npkts)
 
     @property
     def link_bytes(self):

@@ -110,6 +110,16 @@ class Lowered:
         view = dataclasses.replace(self, succ_ptr=succ_ptr, succ_idx=head[keep_edge], **cut)
         return view, keep
 
+    def leading_trace_messages(self) -> int:
+        """How many of the first messages are all the trace's own (those trace_view keeps): the
+        lowering puts them before any message a collective makes. The number of messages if
+        they are not all first (then every message has to be kept track of)."""
+        nt = self.num_trace_ops
+        keep = self.msg_send_op.view(np.uint32) < nt
+        keep &= self.msg_recv_op.view(np.uint32) < nt
+        n = int(np.count_nonzero(keep))
+        return n if keep[:n].all() else self.num_messages
+
     def name_of(self, i: int) -> str:
         """A trace op's name, or for an internal op its parent's name and its index."""
         if i < self.num_trace_ops:

@@ -208,3 +208,32 @@ def hbm_demand_reference(kind, dur_ps, hbm_byte, rank, cap, kinds) -> np.ndarray
     most = cap[rank[takes_part]].astype(np.float64)
     rate[takes_part] = np.clip(np.ceil(hbm_byte[takes_part] / dur_ps[takes_part] * 1e12), 1, most).astype(np.int64)
     return rate
+
+
+def early_successor(succ_ptr, succ_idx, start, end) -> tuple[int, int]:
+    """The first op with a successor that started before it ended, and that successor (the first
+    such in its list): ``(op, successor)``, or ``(-1, -1)`` when every dependency held. For
+    run.check_invariants, after a run: no per-edge temporaries."""
+    i, j = _early_successor(succ_ptr, succ_idx, start, end)
+    return int(i), int(j)
+
+
+@njit(cache=True)
+def _early_successor(ptr, idx, start, end):
+    for i in range(ptr.shape[0] - 1):
+        for k in range(ptr[i], ptr[i + 1]):
+            if start[idx[k]] < end[i]:
+                return i, idx[k]
+    return -1, -1
+
+
+def early_successor_reference(succ_ptr, succ_idx, start, end) -> tuple[int, int]:
+    # Each op's earliest successor start against its end.
+    has = np.flatnonzero(succ_ptr[1:] > succ_ptr[:-1])
+    first = np.minimum.reduceat(start[succ_idx[:succ_ptr[-1]]], succ_ptr[has]) if has.size else start[:0]
+    late = has[first < end[has]]
+    if not late.size:
+        return -1, -1
+    i = int(late[0])
+    succ = succ_idx[succ_ptr[i]:succ_ptr[i + 1]]
+    return i, int(succ[np.flatnonzero(start[succ] < end[i])[0]])
