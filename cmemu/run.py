@@ -382,7 +382,7 @@ def resolve_system(trace_system: str | None, system: str | None, overrides=()) -
 
 def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress | None = None,
              queue_limit_bytes: int | None = None, bin_ps: int = 0, record_packets: bool = False,
-             record_deliveries: int = -1):
+             record_deliveries: int = -1, drop_engine_inputs: bool = False):
     """Run the engine to the end; raise SimulationError if ops stay blocked or time ran back.
 
     The engine runs in slices of EVENTS_PER_SLICE events. Between slices: progress, and the
@@ -391,9 +391,12 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     progress line is closed and the interrupt goes on to the caller.
     ``record_packets`` keeps every packet's transmission on every link (``engine.packet_records()``);
     ``record_deliveries``: keep the delivery times of the first that many messages (-1: all).
+    ``drop_engine_inputs``: once the engine is built, ``lowered.drop_engine_inputs()``.
     """
     engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps, record_packets=record_packets,
                          record_deliveries=record_deliveries)
+    if drop_engine_inputs:
+        lowered.drop_engine_inputs()
     per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
     try:
         while not _run_slice(engine, lowered, fabric):
@@ -601,7 +604,8 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     record = detail == "packets"
     # Delivery times are kept for the trace's own messages, what /messages holds.
     engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps,
-                      record_packets=record, record_deliveries=lowered.leading_trace_messages())
+                      record_packets=record, record_deliveries=lowered.leading_trace_messages(),
+                      drop_engine_inputs=True)
     # Its run state: the rest of the results are built without it (the op times read first).
     engine.release(keep_op_times=True)
     op_start, op_end = np.asarray(engine.op_start_ps), np.asarray(engine.op_end_ps)
@@ -938,9 +942,9 @@ def check_invariants(result: RunResult) -> None:
         raise SimulationError("internal invariant broken: an op ended before it started")
     i, j = early_successor(L.succ_ptr, L.succ_idx, start, end)
     if i >= 0:
-        raise SimulationError(
-            f"internal invariant broken: node {L.op_node_id[j]} started before its dependency "
-            f"node {L.op_node_id[i]} ended"
-        )
+        def label(k):  # an internal op's node id is the engine's alone (drop_engine_inputs)
+            return f"node {L.op_node_id[k]}" if k < L.num_trace_ops else _op_label(L, k)
+
+        raise SimulationError(f"internal invariant broken: {label(j)} started before its dependency {label(i)} ended")
     if L.num_messages and np.any(result.msg_delivered_ps < 0):
         raise SimulationError("internal invariant broken: a message was never delivered")

@@ -209,3 +209,29 @@ def test_hbm_demand_equals_its_reference(seed):
     want = hbm_demand_reference(kind, dur, hbm, rank, cap, (0, 3))
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
+
+
+def test_engine_inputs_dropped_after_the_engine_is_built(tmp_path, mini):
+    """run_trace cuts the columns only the engine reads to the trace's ops once the engine has
+    its copy; the rest stays whole, and the run's results are those of the lowering kept whole."""
+    from cmemu.lower import Lowered
+    from cmemu.lower.fabric import build_fabric
+    from cmemu.run import run_trace, simulate
+
+    path = layered_trace(tmp_path, 2, own_attrs=False)
+    whole = lower(load_trace(path, mini.num_dies), mini)
+    cut = lower(load_trace(path, mini.num_dies), mini)
+    nt = cut.num_trace_ops
+    assert cut.num_ops > nt  # the collectives' internal ops
+    engine = simulate(whole, build_fabric(mini), record_deliveries=whole.leading_trace_messages())
+    cut.drop_engine_inputs()
+    for name in ("op_kind", "op_dur_ps", "op_rank", "op_parent", "op_lane", "op_bytes", "succ_ptr", "msg_src"):
+        assert np.array_equal(getattr(cut, name), getattr(whole, name)), name
+    for name in Lowered.ENGINE_ONLY:
+        assert np.array_equal(getattr(cut, name), getattr(whole, name)[:nt]), name
+    result = run_trace(path, system="mini")  # which drops them
+    start = engine.op_start_ps[:nt].copy()
+    spans = np.flatnonzero(whole.op_report_start[:nt] >= 0)
+    start[spans] = engine.op_start_ps[whole.op_report_start[spans]]
+    assert np.array_equal(result.op_start_ps, start)
+    assert np.array_equal(result.op_end_ps, engine.op_end_ps[:nt])

@@ -159,7 +159,7 @@ def test_check_invariants_names_the_first_late_edge():
         start = rng.integers(0, 100, n)
         end = start + rng.integers(0, 10, n)
         end = np.where(rng.random(n) < 0.9, np.minimum(end, start.min()), end)  # mostly respected
-        L = SimpleNamespace(succ_ptr=ptr, succ_idx=idx, op_node_id=np.arange(n) + 1000, num_messages=0)
+        L = SimpleNamespace(succ_ptr=ptr, succ_idx=idx, op_node_id=np.arange(n) + 1000, num_messages=0, num_trace_ops=n)
         r = SimpleNamespace(lowered=L, op_start_ps=start, op_end_ps=np.maximum(end, start))
         # The straightforward version: every edge, the first late one in CSR order.
         src = np.repeat(np.arange(n), np.diff(ptr))

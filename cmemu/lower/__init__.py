@@ -110,6 +110,21 @@ class Lowered:
         view = dataclasses.replace(self, succ_ptr=succ_ptr, succ_idx=head[keep_edge], **cut)
         return view, keep
 
+    # What only the engine reads of an internal op (its copy, made when it starts), and what only
+    # the trace's ops need afterwards (trace_view, the timeline, error messages).
+    ENGINE_ONLY = ("op_res", "op_msg", "op_npred", "op_aic", "op_aiv", "op_node_id", "op_type", "op_stream")
+
+    def drop_engine_inputs(self) -> None:
+        """Cut the ENGINE_ONLY columns to the trace's ops once an engine has been built from
+        this lowering: run_trace does so, for the gigabytes the collectives' internal ops hold
+        in them on a big run. What the run's results are built from afterwards (kinds, durations,
+        dies, lanes, parents, bytes, dependencies, messages) stays whole."""
+        nt = self.num_trace_ops
+        for name in self.ENGINE_ONLY:
+            column = getattr(self, name)
+            if column.shape[0] > nt:
+                setattr(self, name, column[:nt].copy())
+
     def leading_trace_messages(self) -> int:
         """How many of the first messages are all the trace's own (those trace_view keeps): the
         lowering puts them before any message a collective makes. The number of messages if
