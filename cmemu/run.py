@@ -47,11 +47,11 @@ COMP_BYTES = 400  # a COMP the die model times: its pipe-occupancy rows (up to 7
 # 33 B per /tasks row, and what a kernel fills them from (cmemu.die.intervals.op_rows).
 PIPE_ROW_BYTES = 50
 EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
-MESSAGE_BYTES = 200  # lowered (26 B) and engine (16 B) per-message arrays, the columns they are built from
+MESSAGE_BYTES = 200  # lowered (22 B) and engine (8 B) per-message arrays, the columns they are built from
 # A collective's internal ops and messages: no trace node, no /ops or /messages row, built in
 # blocks of their final size (cmemu/lower/builder.py). At the end of the EP320 decode step's run
 # (5 to 61 layers): an op about 90 B lowered, 64 B OpInfo, 8 B message list, 36 B HBM sharing
-# for half of them; a message 26 B lowered and 8 B in the engine (its packets to come and its
+# for half of them; a message 22 B lowered and 8 B in the engine (its packets to come and its
 # place in its op's list; no delivery time is kept). Rounded up.
 INNER_OP_BYTES = 200
 INNER_MESSAGE_BYTES = 40

@@ -235,3 +235,15 @@ def test_engine_inputs_dropped_after_the_engine_is_built(tmp_path, mini):
     start[spans] = engine.op_start_ps[whole.op_report_start[spans]]
     assert np.array_equal(result.op_start_ps, start)
     assert np.array_equal(result.op_end_ps, engine.op_end_ps[:nt])
+
+
+def test_endpoints_are_16_bit_ids(mini):
+    from cmemu.lower.comm import MessageTable
+
+    table = MessageTable()
+    table.add_many(mini, [0, 1], [2, 3], 100, [0, 1], [-1, -1])
+    assert table.arrays()["msg_src"].dtype == np.uint16
+    with pytest.raises(ValueError, match="endpoint 70000: cmemu numbers endpoints from 0 to 65,535"):
+        MessageTable().add_many(mini, [0, 70000], [2, 3], 100, [0, 1], [-1, -1])
+    with pytest.raises(ValueError, match="endpoint -1"):
+        MessageTable().add(mini, -1, 3, 100, "ub", 0, -1)

@@ -37,7 +37,7 @@ packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_wake``.
 cimport cython
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memmove, memset
-from libc.stdint cimport int64_t, int32_t, uint8_t, uint64_t
+from libc.stdint cimport int64_t, int32_t, uint8_t, uint16_t, uint64_t
 
 import numpy as np
 cimport numpy as cnp
@@ -297,8 +297,8 @@ cdef class Engine:
     cdef int32_t[::1] core_qhead
     cdef int32_t[::1] core_qtail
     # Messages.
-    cdef const int32_t[::1] msg_src
-    cdef const int32_t[::1] msg_dst
+    cdef const uint16_t[::1] msg_src  # endpoints (cmemu.lower.comm: 16-bit ids)
+    cdef const uint16_t[::1] msg_dst
     cdef const int64_t[::1] msg_bytes
     cdef const uint8_t[::1] msg_kind
     cdef const uint8_t[::1] msg_path

@@ -49,8 +49,8 @@ class Lowered:
     die_aiv_cores: np.ndarray  # int32 [dies]
     succ_ptr: np.ndarray  # int64 [ops + 1]
     succ_idx: np.ndarray  # int32 [edges]
-    msg_src: np.ndarray  # int32 [msgs]: endpoint the data leaves
-    msg_dst: np.ndarray  # int32 [msgs]: endpoint the data reaches
+    msg_src: np.ndarray  # uint16 [msgs]: endpoint the data leaves
+    msg_dst: np.ndarray  # uint16 [msgs]: endpoint the data reaches
     msg_bytes: np.ndarray  # int64 [msgs]
     msg_kind: np.ndarray  # uint8 [msgs]: fabric.MSG_WRITE / MSG_READ
     msg_path: np.ndarray  # uint8 [msgs]: fabric.PATH_UB / PATH_D2D / PATH_RDMA

@@ -15,9 +15,11 @@ from cmemu.topology import Topology
 
 
 _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")
-# Stored as the engine reads them (26 B a message: a big lowering holds millions).
-_DTYPES = {"src": np.int32, "dst": np.int32, "nbytes": np.int64, "kind": np.uint8, "path": np.uint8,
+# Stored as the engine reads them (22 B a message: a big lowering holds millions). Endpoints are
+# 16-bit ids (MAX_ENDPOINTS), op ids 32-bit.
+_DTYPES = {"src": np.uint16, "dst": np.uint16, "nbytes": np.int64, "kind": np.uint8, "path": np.uint8,
            "send_op": np.int32, "recv_op": np.int32}
+MAX_ENDPOINTS = 2**16
 # The same as Lowered's message arrays, in their order.
 MSG_COLUMNS = {f"msg_{'bytes' if c == 'nbytes' else c}": _DTYPES[c] for c in _COLUMNS}
 PLANES = ("ub", "rdma", "vpc")  # cmemu.plane of a message, as a code (an index into this)
@@ -36,6 +38,12 @@ def message_paths(topo: Topology, src, dst, plane):
     path[plane == PLANES.index("rdma")] = PATH_RDMA
     path[plane == PLANES.index("vpc")] = PATH_VPC
     return path
+
+
+def _check_endpoints(ids) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= MAX_ENDPOINTS):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise ValueError(f"endpoint {bad}: cmemu numbers endpoints from 0 to {MAX_ENDPOINTS - 1:,} (16-bit ids)")
 
 
 class Columns:
@@ -107,6 +115,7 @@ class MessageTable:
             kind: int = MSG_WRITE) -> int:
         if src == dst:
             raise ValueError(f"a message from endpoint {src} to itself")
+        _check_endpoints(np.array([src, dst]))
         path = int(message_paths(topo, src, dst, PLANES.index(plane)))
         for c, v in zip(_COLUMNS, (src, dst, nbytes, kind, path, send_op, recv_op)):
             self._rows[c].append(int(v))
@@ -121,10 +130,12 @@ class MessageTable:
         dst = np.asarray(dst, dtype=np.int64)
         if np.any(src == dst):
             raise ValueError("a message from an endpoint to itself")
+        _check_endpoints(src)
+        _check_endpoints(dst)
         path = message_paths(topo, src, dst, PLANES.index(plane) if isinstance(plane, str) else plane)
         n = src.size
         self._flush()
-        # Ids and sizes of ops and endpoints fit int32 (the engine's own types).
+        # Op ids fit int32 (the engine's own type).
         self._append(n, {"src": src, "dst": dst, "path": path, "nbytes": nbytes, "kind": kind, "send_op": send_op,
                          "recv_op": recv_op})
         self._n += n
