@@ -111,8 +111,10 @@ class Lowered:
         return view, keep
 
     # What only the engine reads of an internal op (its copy, made when it starts), and what only
-    # the trace's ops need afterwards (trace_view, the timeline, error messages).
-    ENGINE_ONLY = ("op_res", "op_msg", "op_npred", "op_aic", "op_aiv", "op_node_id", "op_type", "op_stream")
+    # the trace's ops need afterwards (trace_view, the timeline, error messages); an internal op
+    # has no report start either.
+    ENGINE_ONLY = ("op_res", "op_msg", "op_npred", "op_aic", "op_aiv", "op_node_id", "op_type", "op_stream",
+                   "op_report_start")
 
     def drop_engine_inputs(self) -> None:
         """Cut the ENGINE_ONLY columns to the trace's ops once an engine has been built from
