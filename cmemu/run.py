@@ -391,12 +391,11 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     progress line is closed and the interrupt goes on to the caller.
     ``record_packets`` keeps every packet's transmission on every link (``engine.packet_records()``);
     ``record_deliveries``: keep the delivery times of the first that many messages (-1: all).
-    ``drop_engine_inputs``: once the engine is built, ``lowered.drop_engine_inputs()``.
+    ``drop_engine_inputs``: the lowering's columns the engine has its own copy of are cut as it is
+    built (``make_engine(drop_inputs=True)``); only what the results are built from is left.
     """
     engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps, record_packets=record_packets,
-                         record_deliveries=record_deliveries)
-    if drop_engine_inputs:
-        lowered.drop_engine_inputs()
+                         record_deliveries=record_deliveries, drop_inputs=drop_engine_inputs)
     per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
     try:
         while not _run_slice(engine, lowered, fabric):
@@ -437,10 +436,10 @@ def _run_slice(engine, lowered, fabric) -> bool:
         raise SimulationError(f"{_op_label(lowered, op)} needs die {die}, which failed at "
                               f"{when / 1e6:,.3f} us (cmemu.faults)") from None
     except UnroutableError as exc:
-        m = exc.args[0]
-        op = int(lowered.msg_send_op[m]) if lowered.msg_send_op[m] >= 0 else int(lowered.msg_recv_op[m])
+        src, dst, _, _, _, send, recv = engine.message(exc.args[0])  # (the lowering may have dropped it)
+        op = send if send >= 0 else recv
         raise SimulationError(
-            f"a message from die {lowered.msg_src[m]} to die {lowered.msg_dst[m]} "
+            f"a message from die {src} to die {dst} "
             f"({_op_label(lowered, op)}) has no path left: every route crosses a failed part (--fail)"
         ) from None
 
@@ -477,14 +476,15 @@ def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
         return _op_label(lowered, i)
 
     # Ops that started but cannot end: receives waiting for a message first, they are the roots.
-    waiting = np.flatnonzero(pending > 0)
     for i in blocked:
         if start[i] >= 0 and lowered.op_kind[i] == OP_KIND_RECV:
-            # Its messages not yet delivered (a receive may wait for several).
-            for m in waiting[lowered.msg_recv_op[waiting] == i][:limit]:
-                s = lowered.msg_send_op[m]
+            # Its messages not yet delivered (a receive may wait for several); the engine's
+            # copy of them (the lowering may have dropped a collective's).
+            mine = np.asarray(engine.op_messages(int(i)), dtype=np.int64)
+            for m in mine[pending[mine] > 0][:limit].tolist():
+                src, _, _, _, _, s, _ = engine.message(m)
                 if s < 0:  # a read: the receive started it, nobody sends
-                    lines.append(f"{label(i)} waits for the data it reads from endpoint {lowered.msg_src[m]}")
+                    lines.append(f"{label(i)} waits for the data it reads from endpoint {src}")
                     continue
                 state = "never started" if start[s] < 0 else "has not delivered it"
                 lines.append(f"{label(i)} waits for its message from {label(s)}, which {state}")
@@ -603,9 +603,11 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     bin_ps = ns_to_ps(link_bin_ns) if link_bin_ns else 0
     record = detail == "packets"
     # Delivery times are kept for the trace's own messages, what /messages holds.
+    # The lowering's columns the engine copies go as it is built (the packet rows of --detail
+    # packets name every message: then they stay).
     engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps,
                       record_packets=record, record_deliveries=lowered.leading_trace_messages(),
-                      drop_engine_inputs=True)
+                      drop_engine_inputs=not record)
     # Its run state: the rest of the results are built without it (the op times read first).
     engine.release(keep_op_times=True)
     op_start, op_end = np.asarray(engine.op_start_ps), np.asarray(engine.op_end_ps)
@@ -928,7 +930,7 @@ def trace_result(full: RunResult, pipe_intervals: int | None = None) -> RunResul
         msg_delivered_ps=full.msg_delivered_ps[keep[:full.msg_delivered_ps.size]],
         hbm_series=hbm_die, hbm_stack_series=hbm_stack, moe_pairs=moe_pairs(full.trace), packets=packets,
         fabric_messages=L.num_messages, fabric_packets=full.fabric_packets,
-        fabric_bytes=int(L.msg_bytes.sum()), pipe_intervals=n_pipe,
+        fabric_bytes=L.message_bytes, pipe_intervals=n_pipe,
     )
 
 

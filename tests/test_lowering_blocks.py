@@ -88,9 +88,24 @@ def test_collectives_placed_again_equal_each_lowered_on_its_own(tmp_path, mini, 
     calls.clear()
     own = lower(load_trace(layered_trace(tmp_path, 3, own_attrs=True, name="own.json"), mini.num_dies), mini)
     assert len(calls) == 27
-    assert_same_fields(shared, own)
+    assert_same_fields(shared, own, skip=("msg_segments",))
     # Every member's report start (its entry), each in its own collective's ops.
     assert shared.num_messages > 1000 and (shared.op_report_start >= 0).sum() == 3 * (5 * 4 + 4 * 5)
+    # The segments: in order, covering every message; each collective lowered on its own is its own
+    # template; one placed again repeats its template's messages with their ops moved.
+    for lowered in (shared, own):
+        seg = lowered.msg_segments
+        assert seg[0, 0] == 0 and np.array_equal(seg[1:, 0], seg[:-1, 0] + seg[:-1, 1])
+        assert seg[:, 1].sum() == lowered.num_messages
+    assert np.array_equal(own.msg_segments[:, 2], own.msg_segments[:, 0]) and not own.msg_segments[:, 3].any()
+    copies = shared.msg_segments[shared.msg_segments[:, 2] != shared.msg_segments[:, 0]]
+    assert len(copies) == 27 - 9  # every collective but the first of its shape
+    for lo, n, tpl, shift in copies.tolist():
+        for name in ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path"):
+            assert np.array_equal(getattr(shared, name)[lo:lo + n], getattr(shared, name)[tpl:tpl + n]), name
+        for name in ("msg_send_op", "msg_recv_op"):
+            got, template = getattr(shared, name)[lo:lo + n], getattr(shared, name)[tpl:tpl + n]
+            assert np.array_equal(got, np.where(template >= 0, template + shift, -1)), name
 
 
 def test_a_bad_collective_is_named_by_its_first_node(tmp_path, mini):
@@ -247,3 +262,33 @@ def test_endpoints_are_16_bit_ids(mini):
         MessageTable().add_many(mini, [0, 70000], [2, 3], 100, [0, 1], [-1, -1])
     with pytest.raises(ValueError, match="endpoint -1"):
         MessageTable().add(mini, -1, 3, 100, "ub", 0, -1)
+
+
+@pytest.mark.parametrize("model", ["packet", "message"])
+def test_engine_table_of_placed_messages_equals_the_columns(tmp_path, mini, model):
+    """The native engine keeps a collective's messages once however often it is placed
+    (Lowered.msg_segments): the run is the same as read from the lowering's whole columns, and the
+    lowering's may then be dropped (drop_inputs) with the results unchanged."""
+    import dataclasses
+
+    from cmemu.lower.fabric import build_fabric
+    from cmemu.run import simulate
+
+    path = layered_trace(tmp_path, 3, own_attrs=False)
+    fabric = build_fabric(mini, model=model)
+    table = lower(load_trace(path, mini.num_dies), mini)
+    flat = dataclasses.replace(table, msg_segments=None)
+    whole = (table.num_messages, int(table.msg_bytes.sum()))
+    a = simulate(table, fabric)
+    b = simulate(flat, fabric)
+    assert a.owns_messages and not b.owns_messages
+    for name in ("op_start_ps", "op_end_ps", "msg_delivered_ps", "link_bytes", "link_busy_ps", "msg_packets"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert (a.packets_total, a.bytes_total) == (b.packets_total, b.bytes_total) == (b.msg_packets.sum(), whole[1])
+    assert all(a.message(m) == b.message(m) for m in range(0, table.num_messages, 7))
+    keep = table.leading_trace_messages()
+    c = simulate(table, fabric, record_deliveries=keep, drop_engine_inputs=True)
+    assert table.msg_src.shape[0] == keep < whole[0] and (table.num_messages, table.message_bytes) == whole
+    assert table.msg_segments is None and table.op_node_id.shape[0] == table.num_trace_ops
+    assert np.array_equal(c.op_end_ps, a.op_end_ps) and np.array_equal(c.msg_delivered_ps, a.msg_delivered_ps[:keep])
+    assert c.message(whole[0] - 1) == a.message(whole[0] - 1)

@@ -5,19 +5,26 @@
 
 
 def make_engine(lowered, fabric, native: bool = True, bin_ps: int = 0, record_packets: bool = False,
-                record_deliveries: int = -1):
+                record_deliveries: int = -1, drop_inputs: bool = False):
     """An engine over lowered arrays and a fabric: the Cython kernel, or the pure-Python reference.
 
     ``bin_ps`` > 0 also collects per-link bytes and busy time in bins of that width;
     ``record_packets`` keeps a record of every packet's transmission on every link
     (``engine.packet_records()``; 40 B each: for small runs). ``engine.msg_delivered_ps`` holds
     the delivery times of the first ``record_deliveries`` messages (-1: all of them).
+    ``drop_inputs``: the engine cuts the lowering's columns it has its own copy of as it is built
+    (the native engine; ``Engine.__init__``), leaving what the results are built from.
     """
     if native:
         from cmemu._core.engine import Engine
     else:
         from cmemu._core.reference import Engine
-    return Engine(lowered, fabric, bin_ps, record_packets, record_deliveries)
+    if not native:
+        engine = Engine(lowered, fabric, bin_ps, record_packets, record_deliveries)
+        if drop_inputs:
+            lowered.drop_engine_inputs()
+        return engine
+    return Engine(lowered, fabric, bin_ps, record_packets, record_deliveries, drop_inputs)
 
 
 def op_message_lists(lowered):

@@ -202,6 +202,13 @@ cdef struct SeriesRow:
     int64_t busy
 
 
+cdef struct Seg:
+    # A run of messages that are a template's (cmemu.lower.Lowered.msg_segments).
+    int64_t lo      # its first message
+    int64_t row     # the table's row of its first message
+    int32_t shift   # added to its messages' send/recv ops (those >= 0)
+    int32_t pad
+
 cdef struct Bucket:
     Event* ev
     int64_t n
@@ -297,13 +304,22 @@ cdef class Engine:
     cdef int32_t[::1] core_qhead
     cdef int32_t[::1] core_qtail
     # Messages.
-    cdef const uint16_t[::1] msg_src  # endpoints (cmemu.lower.comm: 16-bit ids)
-    cdef const uint16_t[::1] msg_dst
-    cdef const int64_t[::1] msg_bytes
-    cdef const uint8_t[::1] msg_kind
-    cdef const uint8_t[::1] msg_path
-    cdef const int32_t[::1] msg_send_op
-    cdef const int32_t[::1] msg_recv_op
+    # Their fields live in a table that holds a collective's messages once however often it is
+    # placed (Lowered.msg_segments): message m is row m - lo + row of its segment mseg[m], its
+    # ops shifted by the segment's shift (m_src() ... m_recv_op()). Without segments, the table
+    # is the lowering's own columns, in one segment.
+    cdef const uint16_t[::1] tab_src  # endpoints (cmemu.lower.comm: 16-bit ids)
+    cdef const uint16_t[::1] tab_dst
+    cdef const int64_t[::1] tab_bytes
+    cdef const uint8_t[::1] tab_kind
+    cdef const uint8_t[::1] tab_path
+    cdef const int32_t[::1] tab_send
+    cdef const int32_t[::1] tab_recv
+    cdef const uint16_t[::1] mseg
+    cdef Seg* segs
+    cdef int64_t n_msgs
+    cdef readonly bint owns_messages  # its table is a copy: the lowering's columns can go
+    cdef readonly int64_t packets_total, bytes_total
     cdef int32_t[::1] msg_left        # packets not yet delivered (and, for a write, acknowledged)
     cdef readonly cnp.ndarray msg_delivered_ps
     # When a message was delivered (its last packet in memory), kept for the first n_record
@@ -412,13 +428,37 @@ cdef class Engine:
         self.hrec = NULL
         self.hrec_len = 0
         self.hrec_cap = 0
+        self.segs = NULL
 
-    def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False, int64_t record_deliveries=-1):
+    def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False, int64_t record_deliveries=-1,
+                 bint drop_inputs=False):
+        """``drop_inputs``: as soon as the engine has its own copy, cut the lowering's columns
+        it no longer needs (``Lowered.drop_engine_messages`` when the messages' table is a copy,
+        then ``Lowered.drop_engine_inputs``): a big run's peak is lower by the gigabytes they
+        hold. run_trace asks for it."""
         cdef int64_t i
         L, F = lowered, fabric
         self.n_ops = L.op_kind.shape[0]
         if L.op_aic.size and (L.op_aic.max() > 255 or L.op_aiv.max() > 255):
             raise ValueError("an op holds more than 255 cores of one kind")
+        # The messages first: once they are in the engine, the lowering's may go, before the ops.
+        self.op_mptr, self.op_midx = op_message_lists(L)
+        n_msgs = L.msg_src.shape[0]
+        self.n_msgs = n_msgs
+        self.message_table(L)
+        self.msg_left = np.empty(n_msgs, dtype=np.int32)
+        self.path_mtu = F.path_mtu_byte
+        self.packets_total = 0
+        for i in range(n_msgs):
+            self.msg_left[i] = self.packets_of(<int32_t>i)  # every packet is still to come
+            self.packets_total += self.msg_left[i]
+        self.bytes_total = int(L.msg_bytes.sum())
+        self.n_record = n_msgs if record_deliveries < 0 else min(record_deliveries, n_msgs)
+        self.msg_delivered_ps = np.full(self.n_record, -1, dtype=np.int64)
+        self.msg_delivered = self.msg_delivered_ps
+        self.messages_delivered = 0
+        if drop_inputs and self.owns_messages:
+            L.drop_engine_messages()
         cdef void* mem = NULL
         if posix_memalign(&mem, 64, max(self.n_ops, 1) * sizeof(OpInfo)) != 0:
             raise MemoryError("op table")
@@ -449,7 +489,6 @@ cdef class Engine:
             self.ops[i].kind = kind[i]
         self.op_lat_ps = L.op_lat_ps
         self.succ_idx = L.succ_idx
-        self.op_mptr, self.op_midx = op_message_lists(L)
         self.hbm_cap, op_rate = hbm_sharing(L)
         h_op = np.flatnonzero(op_rate > 0).astype(np.int32)
         self.h_op = h_op
@@ -475,22 +514,6 @@ cdef class Engine:
         self.core_qhead = np.full(L.die_aic_cores.shape[0], -1, dtype=np.int32)
         self.core_qtail = np.full(L.die_aic_cores.shape[0], -1, dtype=np.int32)
 
-        n_msgs = L.msg_src.shape[0]
-        self.msg_src = L.msg_src
-        self.msg_dst = L.msg_dst
-        self.msg_bytes = L.msg_bytes
-        self.msg_kind = L.msg_kind
-        self.msg_path = L.msg_path
-        self.msg_send_op = L.msg_send_op
-        self.msg_recv_op = L.msg_recv_op
-        self.msg_left = np.empty(n_msgs, dtype=np.int32)
-        self.path_mtu = F.path_mtu_byte
-        for i in range(n_msgs):
-            self.msg_left[i] = self.packets_of(<int32_t>i)  # every packet is still to come
-        self.n_record = n_msgs if record_deliveries < 0 else min(record_deliveries, n_msgs)
-        self.msg_delivered_ps = np.full(self.n_record, -1, dtype=np.int64)
-        self.msg_delivered = self.msg_delivered_ps
-        self.messages_delivered = 0
 
         n_eps = F.ep_node.shape[0]
         self.ep_startup = F.ep_startup_ps
@@ -658,6 +681,8 @@ cdef class Engine:
         for i in range(self.n_ops):
             if self.ops[i].pending == 0:
                 self.push(0, EV_OP_READY, <int32_t>i)
+        if drop_inputs:
+            L.drop_engine_inputs()
 
     def __dealloc__(self):
         cdef int64_t i
@@ -692,6 +717,7 @@ cdef class Engine:
         free(self.ring)
         free(self.recs)
         free(self.hrec)
+        free(self.segs)
 
     def release(self, bint keep_op_times=False):
         """Free what only the simulation needs, once the run is over: the per-op and per-message
@@ -1006,8 +1032,8 @@ cdef class Engine:
 
     cdef inline int64_t path_hash(self, int32_t m) noexcept nogil:
         """Message m's path hash (cmemu.lower.fabric.path_hashes)."""
-        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.msg_src[m] * 7919
-                           + <uint64_t>self.msg_dst[m] * 104729)
+        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.m_src(m) * 7919
+                           + <uint64_t>self.m_dst(m) * 104729)
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
 
     cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p) except -1:
@@ -1016,7 +1042,7 @@ cdef class Engine:
         try (so the lost paths' share spreads over the others); after 2 x paths draws, the first
         live path in order; none at all is an error."""
         cdef int64_t idx, tries = 0
-        cdef int path = self.msg_path[m]
+        cdef int path = self.m_path(m)
         if self.lb == LB_SPRAY:
             idx = (self.path_hash(m) + seq) % (self.P * self.U)
         else:
@@ -1117,20 +1143,20 @@ cdef class Engine:
         self.pkts[p].in_link = -1
         self.pkts[p].ready = self.now
         self.leg_ends(p, &s, &d)
-        first = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
+        first = self.route_link(self.m_path(m), s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
         self.voq_append(first, 0, p)
         self.try_transmit(first)
         return 0
 
     cdef bint path_alive(self, int32_t m, int plane, int uplink) noexcept nogil:
         """Whether every link of message m's path on (plane, uplink) is up, both ways for a read."""
-        cdef int path = self.msg_path[m], hop, leg
+        cdef int path = self.m_path(m), hop, leg
         cdef int32_t link, s, d
-        for leg in range(2 if self.msg_kind[m] != MSG_WRITE else 1):
-            if leg == 0 and self.msg_kind[m] != MSG_WRITE:
-                s, d = self.msg_dst[m], self.msg_src[m]
+        for leg in range(2 if self.m_kind(m) != MSG_WRITE else 1):
+            if leg == 0 and self.m_kind(m) != MSG_WRITE:
+                s, d = self.m_dst(m), self.m_src(m)
             else:
-                s, d = self.msg_src[m], self.msg_dst[m]
+                s, d = self.m_src(m), self.m_dst(m)
             hop = 0
             while True:
                 link = self.route_link(path, s, d, plane, uplink, hop)
@@ -1141,9 +1167,86 @@ cdef class Engine:
                 hop += 1
         return True
 
+    cdef inline int64_t mrow(self, int64_t m) noexcept nogil:
+        """Message m's row in the messages' table."""
+        cdef const Seg* g = &self.segs[self.mseg[m]]
+        return m - g.lo + g.row
+
+    cdef inline int32_t m_src(self, int64_t m) noexcept nogil:
+        return self.tab_src[self.mrow(m)]
+
+    cdef inline int32_t m_dst(self, int64_t m) noexcept nogil:
+        return self.tab_dst[self.mrow(m)]
+
+    cdef inline int64_t m_bytes(self, int64_t m) noexcept nogil:
+        return self.tab_bytes[self.mrow(m)]
+
+    cdef inline uint8_t m_kind(self, int64_t m) noexcept nogil:
+        return self.tab_kind[self.mrow(m)]
+
+    cdef inline uint8_t m_path(self, int64_t m) noexcept nogil:
+        return self.tab_path[self.mrow(m)]
+
+    cdef inline int32_t m_send_op(self, int64_t m) noexcept nogil:
+        cdef const Seg* g = &self.segs[self.mseg[m]]
+        cdef int32_t op = self.tab_send[m - g.lo + g.row]
+        return op + g.shift if op >= 0 else op
+
+    cdef inline int32_t m_recv_op(self, int64_t m) noexcept nogil:
+        cdef const Seg* g = &self.segs[self.mseg[m]]
+        cdef int32_t op = self.tab_recv[m - g.lo + g.row]
+        return op + g.shift if op >= 0 else op
+
+    def op_messages(self, int32_t op):
+        """The messages op carries (a SEND's writes, a RECV's messages), until release."""
+        if self.released:
+            raise RuntimeError("this engine's run state was released")
+        return np.asarray(self.op_midx[self.op_mptr[op]:self.op_mptr[op + 1]]).copy()
+
+    def message(self, int64_t m):
+        """Message m's fields: (src, dst, bytes, kind, path, send_op, recv_op)."""
+        if not 0 <= m < self.n_msgs:
+            raise IndexError(f"message {m} of {self.n_msgs}")
+        return (self.m_src(m), self.m_dst(m), self.m_bytes(m), self.m_kind(m), self.m_path(m), self.m_send_op(m),
+                self.m_recv_op(m))
+
+    def message_table(self, L):
+        """Set up the messages' table from the lowering (see tab_src)."""
+        segs = getattr(L, "msg_segments", None)
+        n = L.msg_src.shape[0]
+        cols = ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path", "msg_send_op", "msg_recv_op")
+        table = {c: getattr(L, c) for c in cols}
+        rows = np.zeros((1, 3), dtype=np.int64)  # (lo, row, shift): one segment, the columns themselves
+        seg_of = np.zeros(n, dtype=np.uint16)
+        self.owns_messages = False
+        if segs is not None and len(segs) and np.any(segs[:, 2] != segs[:, 0]) and len(segs) <= 65536:
+            lo, count, tpl, shift = (segs[:, k] for k in range(4))
+            if lo[0] != 0 or np.any(lo[1:] != lo[:len(lo) - 1] + count[:len(lo) - 1]) or count.sum() != n:
+                raise ValueError("the message segments do not cover the messages in order")
+            own = np.flatnonzero(tpl == lo)
+            row_of = dict(zip(lo[own].tolist(), (np.cumsum(count[own]) - count[own]).tolist()))
+            if any(t not in row_of for t in tpl.tolist()):
+                raise ValueError("a message segment's template is not a segment of its own")
+            take = np.concatenate([np.arange(a, a + k) for a, k in zip(lo[own], count[own])])
+            table = {c: np.ascontiguousarray(getattr(L, c)[take]) for c in cols}
+            rows = np.stack([lo, np.array([row_of[t] for t in tpl.tolist()], dtype=np.int64), shift], axis=1)
+            seg_of = np.repeat(np.arange(len(segs), dtype=np.uint16), count)
+            self.owns_messages = True
+        self.tab_src, self.tab_dst, self.tab_bytes = table["msg_src"], table["msg_dst"], table["msg_bytes"]
+        self.tab_kind, self.tab_path = table["msg_kind"], table["msg_path"]
+        self.tab_send, self.tab_recv = table["msg_send_op"], table["msg_recv_op"]
+        self.mseg = seg_of
+        free(self.segs)
+        self.segs = <Seg*>calloc(rows.shape[0], sizeof(Seg))
+        if self.segs == NULL:
+            raise MemoryError("message segments")
+        cdef int64_t k
+        for k in range(rows.shape[0]):
+            self.segs[k].lo, self.segs[k].row, self.segs[k].shift = rows[k, 0], rows[k, 1], rows[k, 2]
+
     cdef inline int32_t packets_of(self, int32_t m) noexcept nogil:
         """Packets message m is cut into: at most an MTU each, at least one."""
-        cdef int64_t mtu = self.path_mtu[self.msg_path[m]], n = self.msg_bytes[m]
+        cdef int64_t mtu = self.path_mtu[self.m_path(m)], n = self.m_bytes(m)
         return 1 if n <= mtu else <int32_t>((n + mtu - 1) // mtu)
 
     @property
@@ -1160,7 +1263,7 @@ cdef class Engine:
 
     def message_packets(self, int64_t n=-1):
         """Packets each of the first n messages (-1: all) is cut into (int64 [n])."""
-        n = self.msg_bytes.shape[0] if n < 0 else min(n, self.msg_bytes.shape[0])
+        n = self.n_msgs if n < 0 else min(n, self.n_msgs)
         out = np.empty(n, dtype=np.int64)
         cdef int64_t[::1] o = out
         cdef int32_t m
@@ -1168,24 +1271,16 @@ cdef class Engine:
             o[m] = self.packets_of(m)
         return out
 
-    @property
-    def packets_total(self):
-        """Packets of all the messages together (what msg_packets sums to)."""
-        cdef int64_t total = 0
-        cdef int32_t m
-        for m in range(self.msg_bytes.shape[0]):
-            total += self.packets_of(m)
-        return total
 
     cdef inline void leg_ends(self, int32_t p, int32_t* s, int32_t* d) noexcept nogil:
         """Endpoints of the packet's current leg (a read's request goes the other way)."""
         cdef int32_t m = self.pkts[p].msg
-        if self.msg_kind[m] != MSG_WRITE and self.pkts[p].leg == 0:
-            s[0] = self.msg_dst[m]
-            d[0] = self.msg_src[m]
+        if self.m_kind(m) != MSG_WRITE and self.pkts[p].leg == 0:
+            s[0] = self.m_dst(m)
+            d[0] = self.m_src(m)
         else:
-            s[0] = self.msg_src[m]
-            d[0] = self.msg_dst[m]
+            s[0] = self.m_src(m)
+            d[0] = self.m_dst(m)
 
     cdef inline void voq_append(self, int32_t link, int32_t slot, int32_t p) noexcept nogil:
         cdef int64_t pos = slot * NUM_VLS + self.pkts[p].vl
@@ -1454,7 +1549,7 @@ cdef class Engine:
             # alone (L1, L2: one per input link), which delivers in order, so the queue's order
             # is the order of arrival. (At a switch with one FIFO for all inputs it would not be.)
             self.leg_ends(p, &s, &d)
-            nxt = self.route_link(self.msg_path[self.pkts[p].msg], s, d, self.pkts[p].plane, self.pkts[p].uplink,
+            nxt = self.route_link(self.m_path(self.pkts[p].msg), s, d, self.pkts[p].plane, self.pkts[p].uplink,
                                   self.pkts[p].hop + 1)
             if nxt >= 0 and not self.lk[nxt].alive:
                 nxt = -1
@@ -1517,7 +1612,7 @@ cdef class Engine:
         elif kind == K_SEND:
             # It waits for the acks of its writes; the holder of read data has nothing to do.
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
-                if self.msg_kind[self.op_midx[i]] == MSG_WRITE:
+                if self.m_kind(self.op_midx[i]) == MSG_WRITE:
                     left += 1
             o.u = left
             o.tmax = t
@@ -1525,7 +1620,7 @@ cdef class Engine:
                 self.push(t, EV_OP_DONE, op)
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
-                if self.msg_kind[msg] == MSG_WRITE:
+                if self.m_kind(msg) == MSG_WRITE:
                     self.message_start(i)
         else:  # K_RECV: it waits for every message not yet delivered (u of them were, by tmax)
             if t > o.tmax:
@@ -1536,7 +1631,7 @@ cdef class Engine:
                 self.push(o.tmax, EV_OP_DONE, op)
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 msg = self.op_midx[i]
-                if self.msg_kind[msg] != MSG_WRITE:
+                if self.m_kind(msg) != MSG_WRITE:
                     self.message_start(i)
         return 0
 
@@ -1658,7 +1753,7 @@ cdef class Engine:
         of its messages' times; one that starts later counts it as delivered (u), its time in
         tmax. (A write's packets bring their times to the receive's tmax as they land: see
         write_absorbed.)"""
-        cdef int32_t r = self.msg_recv_op[m]
+        cdef int32_t r = self.m_recv_op(m)
         cdef OpInfo* o
         self.messages_delivered += 1
         if m < self.n_record and t > self.msg_delivered[m]:
@@ -1680,7 +1775,7 @@ cdef class Engine:
         earlier than its op's start plus the initiator's start-up (see inject): it waits in its
         port's queue. It joins its op's run when it follows it there."""
         cdef int32_t msg = self.op_midx[i]
-        cdef int32_t ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
+        cdef int32_t ini = self.m_src(msg) if self.m_kind(msg) == MSG_WRITE else self.m_dst(msg)
         cdef RunQueue* q = &self.epq[ini]
         cdef int64_t* grown
         cdef int64_t k, last
@@ -1715,9 +1810,9 @@ cdef class Engine:
         keep their slots, but a packet may use any idle time before them. At the destination
         a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
         one write latency later (write_absorbed)."""
-        cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m], d = self.msg_dst[m]
+        cdef int32_t m = self.pkts[p].msg, s = self.m_src(m), d = self.m_dst(m)
         cdef int32_t links[8]
-        cdef int hop = 0, n = 0, path = self.msg_path[m]
+        cdef int hop = 0, n = 0, path = self.m_path(m)
         cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
@@ -1765,7 +1860,7 @@ cdef class Engine:
         trip (``ack`` ps when the caller knows it, else ack_trip), which frees its window slot
         (see collect_acks) and ends the send op no earlier; the message is acknowledged when its
         last ack is."""
-        cdef int32_t m = self.pkts[p].msg, s = self.msg_src[m], r = self.msg_recv_op[m]
+        cdef int32_t m = self.pkts[p].msg, s = self.m_src(m), r = self.m_recv_op(m)
         if m < self.n_record and t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
         if r >= 0 and t > self.ops[r].tmax and self.ops[r].kind == K_RECV:
@@ -1931,7 +2026,7 @@ cdef class Engine:
         while q.n > 0:
             m = self.op_midx[q.buf[2 * q.head]]
             seq = q.seq
-            kind = self.msg_kind[m]
+            kind = self.m_kind(m)
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 # The window is full. On the message-level fabric a write's packet may take the
                 # slot of an ack due within the look-ahead, and leave no earlier than that ack.
@@ -1944,8 +2039,8 @@ cdef class Engine:
                 if self.ack_heap[ep][0] > self.ep_issue_free[ep]:
                     self.ep_issue_free[ep] = self.ack_heap[ep][0]
                 self.ack_pop(ep)
-            path = self.msg_path[m]
-            payload = self.msg_bytes[m] - seq * self.path_mtu[path]
+            path = self.m_path(m)
+            payload = self.m_bytes(m) - seq * self.path_mtu[path]
             if payload > self.path_mtu[path]:
                 payload = self.path_mtu[path]  # every packet but the last is a full MTU
             p = self.packet_new()
@@ -1975,7 +2070,7 @@ cdef class Engine:
             # start; it waits in its port's queue until then.
             if self.ep_issue_free[ep] < self.now:
                 self.ep_issue_free[ep] = self.now
-            t = self.ops[self.msg_send_op[m] if kind == MSG_WRITE else self.msg_recv_op[m]].start + self.ep_startup[ep]
+            t = self.ops[self.m_send_op(m) if kind == MSG_WRITE else self.m_recv_op(m)].start + self.ep_startup[ep]
             if self.ep_issue_free[ep] < t:
                 self.ep_issue_free[ep] = t
             self.pkts[p].ready = self.ep_issue_free[ep]
@@ -2030,7 +2125,7 @@ cdef class Engine:
             self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
             return self.lose(p)
         self.leg_ends(p, &s, &d)
-        nxt = self.route_link(self.msg_path[m], s, d, self.pkts[p].plane, self.pkts[p].uplink, self.pkts[p].hop + 1)
+        nxt = self.route_link(self.m_path(m), s, d, self.pkts[p].plane, self.pkts[p].uplink, self.pkts[p].hop + 1)
         if nxt >= 0 and not self.lk[nxt].alive:
             # Its next link has failed: the switch drops it, freeing its buffer.
             self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
@@ -2053,10 +2148,10 @@ cdef class Engine:
     cdef int64_t ack_trip(self, int32_t m, int plane, int uplink) noexcept nogil:
         """An ack's trip from write m's destination back to its source, on an idle path."""
         cdef int32_t link
-        cdef int path = self.msg_path[m], hop = 0
+        cdef int path = self.m_path(m), hop = 0
         cdef int64_t total = 0
         while True:
-            link = self.route_link(path, self.msg_dst[m], self.msg_src[m], plane, uplink, hop)
+            link = self.route_link(path, self.m_dst(m), self.m_src(m), plane, uplink, hop)
             if link < 0:
                 return total
             total += self.link_ack_of(link, path)
@@ -2076,15 +2171,15 @@ cdef class Engine:
         self.credits[link * NUM_VLS + self.pkts[p].vl] += self.pkts[p].wire
         self.try_transmit(link)
         if self.pkts[p].ptype == PKT_WRITE:
-            self.write_absorbed(p, self.now + self.ep_write_lat[self.msg_dst[m]])
+            self.write_absorbed(p, self.now + self.ep_write_lat[self.m_dst(m)])
         elif self.pkts[p].ptype == PKT_READ_REQ:
             # A read reads the target's memory; an atomic reads, modifies and writes it.
-            t = self.now + self.ep_read_lat[self.msg_src[m]]
-            if self.msg_kind[m] == MSG_ATOMIC:
-                t += self.ep_write_lat[self.msg_src[m]]
+            t = self.now + self.ep_read_lat[self.m_src(m)]
+            if self.m_kind(m) == MSG_ATOMIC:
+                t += self.ep_write_lat[self.m_src(m)]
             self.push(t, EV_RESP_INJECT, p)
         else:  # read response, back at the initiator
-            d = self.msg_dst[m]
+            d = self.m_dst(m)
             self.ep_outstanding[d] -= 1
             self.packet_release(p)
             self.msg_left[m] -= 1
@@ -2095,7 +2190,7 @@ cdef class Engine:
 
     cdef int on_response_inject(self, int32_t p) except -1:
         cdef int32_t m = self.pkts[p].msg, first
-        cdef int path = self.msg_path[m]
+        cdef int path = self.m_path(m)
         self.pkts[p].leg = 1
         self.pkts[p].ptype = PKT_READ_RESP
         self.pkts[p].vl = 1
@@ -2103,7 +2198,7 @@ cdef class Engine:
         self.pkts[p].in_link = -1
         self.pkts[p].ready = self.now
         self.pkts[p].wire = <int32_t>self.wire_bytes(path, PKT_READ_RESP, self.pkts[p].payload)
-        first = self.route_link(path, self.msg_src[m], self.msg_dst[m], self.pkts[p].plane, self.pkts[p].uplink, 0)
+        first = self.route_link(path, self.m_src(m), self.m_dst(m), self.pkts[p].plane, self.pkts[p].uplink, 0)
         if not self.lk[first].alive:
             return self.lose(p)  # its way back failed while the target was reading
         self.voq_append(first, 0, p)
@@ -2112,7 +2207,7 @@ cdef class Engine:
 
     cdef inline void ack_back(self, int32_t m, int64_t t) noexcept nogil:
         """An ack of write m will be back at t: its send op ends no earlier."""
-        cdef int32_t op = self.msg_send_op[m]
+        cdef int32_t op = self.m_send_op(m)
         if op >= 0 and self.ops[op].kind == K_SEND and t > self.ops[op].tmax:
             self.ops[op].tmax = t
 
@@ -2120,7 +2215,7 @@ cdef class Engine:
         """Write message m's last ack is on its way (ack_back): its send op ends when the last of
         its messages is acknowledged, at the latest ack. (Its window slots free by themselves:
         see collect_acks; an initiator with a full window has a wake-up at its first ack.)"""
-        cdef int32_t op = self.msg_send_op[m]
+        cdef int32_t op = self.m_send_op(m)
         if op < 0 or self.ops[op].kind != K_SEND:
             return 0
         self.ops[op].u -= 1

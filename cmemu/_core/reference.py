@@ -925,6 +925,21 @@ class Engine:
     def msg_delivered_ps(self):
         return np.asarray(self.msg_delivered[:self.n_record], dtype=np.int64)
 
+    def op_messages(self, op):
+        return np.asarray(self.op_msgs[op], dtype=np.int32)
+
+    def message(self, m):
+        return (self.msg_src[m], self.msg_dst[m], self.msg_bytes[m], self.msg_kind[m], self.msg_path[m],
+                self.msg_send_op[m], self.msg_recv_op[m])
+
+    @property
+    def packets_total(self):
+        return sum(self.msg_npkts)
+
+    @property
+    def bytes_total(self):
+        return sum(self.msg_bytes)
+
     @property
     def msg_pending(self):
         return np.asarray(self.msg_left, dtype=np.int32)
@@ -936,9 +951,6 @@ class Engine:
     def message_packets(self, n=-1):
         return np.asarray(self.msg_npkts[:None if n < 0 else n], dtype=np.int64)
 
-    @property
-    def packets_total(self):
-        return sum(self.msg_npkts)
 
     @property
     def link_bytes(self):

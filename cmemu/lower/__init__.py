@@ -6,6 +6,7 @@ reach the engine. The mechanisms live in ``compute`` (COMP), ``memory`` (MEM_*),
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -77,6 +78,15 @@ class Lowered:
     # HBM bandwidth a die's running COMP ops share (bytes/s; empty or 0: each op runs as timed
     # alone). See cmemu._core.hbm_sharing.
     die_hbm_byte_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Messages repeated by collectives placed again: int64 [segments, 4] rows (first message, count,
+    # first message of its template, op shift) in message order, covering them all: messages
+    # lo..lo+count-1 are the template's, their send/recv ops (>= 0) plus the shift. A segment whose
+    # template is itself holds the messages first seen there. None: no such description. The
+    # engine keeps one copy of each template (Engine: the messages' table).
+    msg_segments: np.ndarray | None = None
+    # Set when the msg_* columns were cut to the trace's own messages (drop_engine_messages):
+    # (messages, their bytes) of the whole run; -1: the columns are whole.
+    msg_total: tuple = (-1, -1)
 
     @property
     def num_ops(self) -> int:
@@ -84,18 +94,19 @@ class Lowered:
 
     def trace_view(self) -> tuple["Lowered", np.ndarray]:
         """The same, cut down to the trace's own ops and the messages between them (what the
-        timeline's /ops and /messages hold); also returns the mask of kept messages."""
-        import dataclasses
-
+        timeline's /ops and /messages hold); also returns the mask of kept messages (of the
+        msg_* columns: after drop_engine_messages, of the trace's own messages)."""
         nt = self.num_trace_ops
         if nt == self.num_ops:
-            return self, np.ones(self.num_messages, dtype=bool)
+            return self, np.ones(self.msg_send_op.shape[0], dtype=bool)
         # 0 <= op < nt, both ends, as one unsigned comparison each (-1 is above any op count).
         keep = self.msg_send_op.view(np.uint32) < nt
         keep &= self.msg_recv_op.view(np.uint32) < nt
         cut = {f.name: getattr(self, f.name)[:nt] for f in dataclasses.fields(self)
                if f.name.startswith("op_") and f.name != "op_name"}
-        cut.update({f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self) if f.name.startswith("msg_")})
+        cut.update({f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self)
+                    if f.name.startswith("msg_") and f.name not in ("msg_segments", "msg_total")})
+        cut["msg_segments"], cut["msg_total"] = None, (-1, -1)
         # The trace ops come first, so their successor lists are the CSR's first succ_ptr[nt].
         head = self.succ_idx[:int(self.succ_ptr[nt])]
         src = np.repeat(np.arange(nt), np.diff(self.succ_ptr[:nt + 1]))
@@ -146,7 +157,26 @@ class Lowered:
 
     @property
     def num_messages(self) -> int:
-        return int(self.msg_send_op.shape[0])
+        return int(self.msg_send_op.shape[0]) if self.msg_total[0] < 0 else self.msg_total[0]
+
+    @property
+    def message_bytes(self) -> int:
+        """Bytes of all the messages."""
+        return int(self.msg_bytes.sum()) if self.msg_total[0] < 0 else self.msg_total[1]
+
+    def drop_engine_messages(self) -> None:
+        """Cut the msg_* columns to the trace's own messages (leading_trace_messages) once an
+        engine holds its own copy of them (Engine.owns_messages): the collectives' internal
+        messages, 57 M on the 61-layer decode step, are the engine's from then on."""
+        if self.msg_total[0] >= 0:
+            return
+        keep = self.leading_trace_messages()
+        total = (self.num_messages, self.message_bytes)
+        for f in dataclasses.fields(self):
+            if f.name.startswith("msg_") and f.name not in ("msg_segments", "msg_total"):
+                setattr(self, f.name, getattr(self, f.name)[:keep].copy())
+        self.msg_total = total
+        self.msg_segments = None
 
 
 

@@ -168,6 +168,14 @@ class Block:
                         "report_op": _Ids(report_op, base, n_ops, self.members),
                         "report_start": _Ids(report_start, base, n_ops, self.members)}
 
+    def moves_messages(self) -> bool:
+        """Whether its messages placed again are the same but for their ops, which move with the
+        base (they name none of the members' ops): then they are the first placement's, their
+        op ids shifted (Lowered.msg_segments)."""
+        if self.members is None:
+            return False
+        return all(self.ids[k].ext_at.size == 0 for k in ("msg_send_op", "msg_recv_op"))
+
     def sorted_edges(self):
         """The edges by source (a stable sort), for laying them straight into the CSR: (the first
         source, relative to ``base``; each source's count from there; the successors in that
@@ -247,11 +255,19 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
     if spans is None:  # the edges in the order given, sorted by source at the end
         src, dst = np.empty(e, dtype=np.int32), np.empty(e, dtype=np.int32)
     report = np.full(n, -1, dtype=np.int32)
+    segments = []  # (first message, messages, first message of its template, op shift): Lowered.msg_segments
     op_lo = msg_lo = edge_lo = 0
     parts.reverse()
     while parts:
         block, members = parts.pop()
         op_hi, msg_hi, edge_hi = op_lo + block.n_ops, msg_lo + block.n_messages, edge_lo + block.n_edges
+        if block.n_messages:
+            first = getattr(block, "first_placed", None)
+            if first is not None and block.moves_messages():
+                segments.append((msg_lo, block.n_messages, first[0], op_lo - first[1]))
+            else:
+                segments.append((msg_lo, block.n_messages, msg_lo, 0))
+                block.first_placed = (msg_lo, op_lo)
         for name, col in cols.items():
             if name == "parent":
                 block.place("parent", col[op_lo:op_hi], op_lo, members)
@@ -323,4 +339,5 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         op_lane=cols["lane"],
         op_report_start=report,
         num_trace_ops=num_trace_ops,
+        msg_segments=np.array(segments, dtype=np.int64).reshape(-1, 4),
     )
