@@ -1032,8 +1032,9 @@ cdef class Engine:
 
     cdef inline int64_t path_hash(self, int32_t m) noexcept nogil:
         """Message m's path hash (cmemu.lower.fabric.path_hashes)."""
-        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.m_src(m) * 7919
-                           + <uint64_t>self.m_dst(m) * 104729)
+        cdef int64_t row = self.mrow(m)
+        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.tab_src[row] * 7919
+                           + <uint64_t>self.tab_dst[row] * 104729)
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
 
     cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p) except -1:
@@ -1810,9 +1811,11 @@ cdef class Engine:
         keep their slots, but a packet may use any idle time before them. At the destination
         a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
         one write latency later (write_absorbed)."""
-        cdef int32_t m = self.pkts[p].msg, s = self.m_src(m), d = self.m_dst(m)
+        cdef int32_t m = self.pkts[p].msg
+        cdef int64_t row = self.mrow(m)
+        cdef int32_t s = self.tab_src[row], d = self.tab_dst[row]
         cdef int32_t links[8]
-        cdef int hop = 0, n = 0, path = self.m_path(m)
+        cdef int hop = 0, n = 0, path = self.tab_path[row]
         cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
@@ -1851,16 +1854,21 @@ cdef class Engine:
         if rate > 0:  # the sink takes it in its idle time too
             ser = serialisation_ps(self.pkts[p].payload, rate)
             t = self.cal_reserve(&self.sk[d], t, ser) + ser
-        return self.write_absorbed(p, t + self.ep_write_lat[d], ack)
+        return self.write_absorbed(p, t + self.ep_write_lat[d], ack, row)
 
-    cdef int write_absorbed(self, int32_t p, int64_t t, int64_t ack=-1) except -1:
+    cdef int write_absorbed(self, int32_t p, int64_t t, int64_t ack=-1, int64_t row=-1) except -1:
         """Write packet p is in its destination's memory at t. The message is delivered with its
         last packet, at the latest of its packets' times (they may come in any order on the
         message-level fabric). The packet's ack is computed, not simulated: it is back after its
         trip (``ack`` ps when the caller knows it, else ack_trip), which frees its window slot
         (see collect_acks) and ends the send op no earlier; the message is acknowledged when its
-        last ack is."""
-        cdef int32_t m = self.pkts[p].msg, s = self.m_src(m), r = self.m_recv_op(m)
+        last ack is. (``row``: the message's row in its table, when the caller has it.)"""
+        cdef int32_t m = self.pkts[p].msg, s, r, shift = self.segs[self.mseg[m]].shift
+        if row < 0:
+            row = self.mrow(m)
+        s, r = self.tab_src[row], self.tab_recv[row]
+        if r >= 0:
+            r += shift
         if m < self.n_record and t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
         if r >= 0 and t > self.ops[r].tmax and self.ops[r].kind == K_RECV:
@@ -1871,11 +1879,14 @@ cdef class Engine:
         self.ack_push(s, t)
         if self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
             self.wake_at(s, t)  # its initiator waits for a window slot
-        self.ack_back(m, t)
+        r = self.tab_send[row]
+        if r >= 0:
+            r += shift
+        self.ack_back_op(r, t)
         self.packet_release(p)
         self.msg_left[m] -= 1
         if self.msg_left[m] == 0:
-            self.acked(m)
+            self.acked_op(r)
         return 0
 
     cdef inline int64_t cal_gap(self, LinkInfo* L, int64_t n, int64_t* t, int64_t need) noexcept nogil:
@@ -2018,15 +2029,16 @@ cdef class Engine:
 
     cdef int inject(self, int32_t ep) except -1:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
-        cdef int32_t m, p, first, s, d
-        cdef int64_t payload, idx, t, seq
+        cdef int32_t m, p, first, s, d, op
+        cdef int64_t payload, idx, t, seq, row, nbytes, mtu
         cdef int path, kind
         cdef RunQueue* q = &self.epq[ep]
         self.collect_acks(ep)
         while q.n > 0:
             m = self.op_midx[q.buf[2 * q.head]]
+            row = self.mrow(m)  # its fields, read once
             seq = q.seq
-            kind = self.m_kind(m)
+            kind = self.tab_kind[row]
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 # The window is full. On the message-level fabric a write's packet may take the
                 # slot of an ack due within the look-ahead, and leave no earlier than that ack.
@@ -2039,10 +2051,12 @@ cdef class Engine:
                 if self.ack_heap[ep][0] > self.ep_issue_free[ep]:
                     self.ep_issue_free[ep] = self.ack_heap[ep][0]
                 self.ack_pop(ep)
-            path = self.m_path(m)
-            payload = self.m_bytes(m) - seq * self.path_mtu[path]
-            if payload > self.path_mtu[path]:
-                payload = self.path_mtu[path]  # every packet but the last is a full MTU
+            path = self.tab_path[row]
+            mtu = self.path_mtu[path]
+            nbytes = self.tab_bytes[row]
+            payload = nbytes - seq * mtu
+            if payload > mtu:
+                payload = mtu  # every packet but the last is a full MTU
             p = self.packet_new()
             self.pkts[p].msg = m
             self.pkts[p].payload = <int32_t>payload
@@ -2059,7 +2073,7 @@ cdef class Engine:
             self.pkts[p].plane = <uint8_t>(idx % self.P)
             self.pkts[p].uplink = <int32_t>(idx // self.P)
             q.seq += 1
-            if q.seq == self.packets_of(m):  # on to the next message
+            if q.seq == (1 if nbytes <= mtu else (nbytes + mtu - 1) // mtu):  # on to the next message (packets_of)
                 q.seq = 0
                 q.buf[2 * q.head] += 1
                 if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
@@ -2070,12 +2084,16 @@ cdef class Engine:
             # start; it waits in its port's queue until then.
             if self.ep_issue_free[ep] < self.now:
                 self.ep_issue_free[ep] = self.now
-            t = self.ops[self.m_send_op(m) if kind == MSG_WRITE else self.m_recv_op(m)].start + self.ep_startup[ep]
+            op = self.tab_send[row] if kind == MSG_WRITE else self.tab_recv[row]
+            t = self.ops[op + self.segs[self.mseg[m]].shift].start + self.ep_startup[ep]
             if self.ep_issue_free[ep] < t:
                 self.ep_issue_free[ep] = t
             self.pkts[p].ready = self.ep_issue_free[ep]
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
-            self.leg_ends(p, &s, &d)
+            if kind == MSG_WRITE:  # leg_ends: a read's request goes from its destination
+                s, d = self.tab_src[row], self.tab_dst[row]
+            else:
+                s, d = self.tab_dst[row], self.tab_src[row]
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             if self.lookahead > 0 and kind == MSG_WRITE:
                 self.path_reserve(p, first, self.pkts[p].ready)
@@ -2205,17 +2223,15 @@ cdef class Engine:
         self.try_transmit(first)
         return 0
 
-    cdef inline void ack_back(self, int32_t m, int64_t t) noexcept nogil:
-        """An ack of write m will be back at t: its send op ends no earlier."""
-        cdef int32_t op = self.m_send_op(m)
+    cdef inline void ack_back_op(self, int32_t op, int64_t t) noexcept nogil:
+        """An ack of a write of send op ``op`` will be back at t: the op ends no earlier."""
         if op >= 0 and self.ops[op].kind == K_SEND and t > self.ops[op].tmax:
             self.ops[op].tmax = t
 
-    cdef int acked(self, int32_t m) except -1:
-        """Write message m's last ack is on its way (ack_back): its send op ends when the last of
+    cdef int acked_op(self, int32_t op) except -1:
+        """A write's last ack is on its way (ack_back_op): its send op ``op`` ends when the last of
         its messages is acknowledged, at the latest ack. (Its window slots free by themselves:
         see collect_acks; an initiator with a full window has a wake-up at its first ack.)"""
-        cdef int32_t op = self.m_send_op(m)
         if op < 0 or self.ops[op].kind != K_SEND:
             return 0
         self.ops[op].u -= 1
