@@ -186,12 +186,16 @@ cdef struct PacketRecord:
 cdef struct RunQueue:
     # An initiator's queue of messages to issue, in the order they started: runs of consecutive
     # entries of op_midx (the messages of one op, started together), (lo, hi) pairs in a ring of
-    # ``cap`` runs from ``head``; ``seq`` packets of the first message are issued.
+    # ``cap`` runs from ``head``; ``seq`` packets of the first message are issued; ``row`` and
+    # ``shift`` are its table row and op shift (set as its first packet is issued).
     int64_t* buf
     int64_t head
     int64_t n
     int64_t cap
     int64_t seq
+    int64_t row
+    int32_t shift
+    int32_t pad
 
 
 cdef struct SeriesRow:
@@ -1030,24 +1034,23 @@ cdef class Engine:
             return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + (uplink // self.C) % count]
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
 
-    cdef inline int64_t path_hash(self, int32_t m) noexcept nogil:
-        """Message m's path hash (cmemu.lower.fabric.path_hashes)."""
-        cdef int64_t row = self.mrow(m)
+    cdef inline int64_t path_hash(self, int32_t m, int64_t row) noexcept nogil:
+        """Message m's path hash (cmemu.lower.fabric.path_hashes); ``row``: its table row."""
         cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.tab_src[row] * 7919
                            + <uint64_t>self.tab_dst[row] * 104729)
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
 
-    cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p) except -1:
+    cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p, int64_t row) except -1:
         """The (plane, L2 chip) index of packet ``seq`` of message m: sprayed or hashed, and a path
         through a failed link is replaced by another drawn by a hash of the message, packet and
         try (so the lost paths' share spreads over the others); after 2 x paths draws, the first
         live path in order; none at all is an error."""
-        cdef int64_t idx, tries = 0
-        cdef int path = self.m_path(m)
+        cdef int64_t idx, tries = 0, h = self.path_hash(m, row)
+        cdef int path = self.tab_path[row]
         if self.lb == LB_SPRAY:
-            idx = (self.path_hash(m) + seq) % (self.P * self.U)
+            idx = (h + seq) % (self.P * self.U)
         else:
-            idx = self.path_hash(m) % (self.P * self.U)
+            idx = h % (self.P * self.U)
         while self.links_down and not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
             tries += 1
             if path != PATH_UB or tries > 3 * self.P * self.U:
@@ -1055,7 +1058,7 @@ cdef class Engine:
                     self.packet_release(p)
                 raise UnroutableError(m)
             if tries <= 2 * self.P * self.U:
-                idx = (self.path_hash(m) * 2654435761 + seq * 40503 + tries * 97) % (self.P * self.U)
+                idx = (h * 2654435761 + seq * 40503 + tries * 97) % (self.P * self.U)
             else:
                 idx = tries - 2 * self.P * self.U - 1
         return idx
@@ -1137,7 +1140,7 @@ cdef class Engine:
     cdef int on_retransmit(self, int32_t p) except -1:
         """The source (the target, for a read's response) sends a lost packet again, on a live path."""
         cdef int32_t m = self.pkts[p].msg, s, d, first
-        cdef int64_t idx = self.choose_path(m, self.pkts[p].seq, -1)
+        cdef int64_t idx = self.choose_path(m, self.pkts[p].seq, -1, self.mrow(m))
         self.pkts[p].plane = <uint8_t>(idx % self.P)
         self.pkts[p].uplink = <int32_t>(idx // self.P)
         self.pkts[p].hop = 0
@@ -1776,7 +1779,8 @@ cdef class Engine:
         earlier than its op's start plus the initiator's start-up (see inject): it waits in its
         port's queue. It joins its op's run when it follows it there."""
         cdef int32_t msg = self.op_midx[i]
-        cdef int32_t ini = self.m_src(msg) if self.m_kind(msg) == MSG_WRITE else self.m_dst(msg)
+        cdef int64_t row = self.mrow(msg)
+        cdef int32_t ini = self.tab_src[row] if self.tab_kind[row] == MSG_WRITE else self.tab_dst[row]
         cdef RunQueue* q = &self.epq[ini]
         cdef int64_t* grown
         cdef int64_t k, last
@@ -1802,7 +1806,7 @@ cdef class Engine:
         q.n += 1
         return self.inject(ini)
 
-    cdef int path_reserve(self, int32_t p, int32_t link, int64_t t) except -1:
+    cdef int path_reserve(self, int32_t p, int32_t link, int64_t t, int64_t row) except -1:
         """Message-level fabric: write packet p, issued at t onto its first link ``link``, has its
         whole path reserved now, link by link, each in the link's idle time at or after the
         packet is there (store and forward, as on the packet fabric; see cal_take); none of it is
@@ -1810,9 +1814,8 @@ cdef class Engine:
         later link sees them in the order their initiators issued them, and those issued first
         keep their slots, but a packet may use any idle time before them. At the destination
         a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
-        one write latency later (write_absorbed)."""
+        one write latency later (write_absorbed). ``row``: its message's table row."""
         cdef int32_t m = self.pkts[p].msg
-        cdef int64_t row = self.mrow(m)
         cdef int32_t s = self.tab_src[row], d = self.tab_dst[row]
         cdef int32_t links[8]
         cdef int hop = 0, n = 0, path = self.tab_path[row]
@@ -2036,8 +2039,11 @@ cdef class Engine:
         self.collect_acks(ep)
         while q.n > 0:
             m = self.op_midx[q.buf[2 * q.head]]
-            row = self.mrow(m)  # its fields, read once
             seq = q.seq
+            if seq == 0:  # its fields' row, found once a message
+                q.row = self.mrow(m)
+                q.shift = self.segs[self.mseg[m]].shift
+            row = q.row
             kind = self.tab_kind[row]
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 # The window is full. On the message-level fabric a write's packet may take the
@@ -2069,7 +2075,7 @@ cdef class Engine:
             # A read request carries no data; an atomic's carries its operand.
             self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype,
                                                            0 if kind == MSG_READ else payload)
-            idx = self.choose_path(m, seq, p)
+            idx = self.choose_path(m, seq, p, row)
             self.pkts[p].plane = <uint8_t>(idx % self.P)
             self.pkts[p].uplink = <int32_t>(idx // self.P)
             q.seq += 1
@@ -2085,7 +2091,7 @@ cdef class Engine:
             if self.ep_issue_free[ep] < self.now:
                 self.ep_issue_free[ep] = self.now
             op = self.tab_send[row] if kind == MSG_WRITE else self.tab_recv[row]
-            t = self.ops[op + self.segs[self.mseg[m]].shift].start + self.ep_startup[ep]
+            t = self.ops[op + q.shift].start + self.ep_startup[ep]
             if self.ep_issue_free[ep] < t:
                 self.ep_issue_free[ep] = t
             self.pkts[p].ready = self.ep_issue_free[ep]
@@ -2096,7 +2102,7 @@ cdef class Engine:
                 s, d = self.tab_dst[row], self.tab_src[row]
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             if self.lookahead > 0 and kind == MSG_WRITE:
-                self.path_reserve(p, first, self.pkts[p].ready)
+                self.path_reserve(p, first, self.pkts[p].ready, row)
                 continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
