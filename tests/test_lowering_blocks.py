@@ -292,3 +292,29 @@ def test_engine_table_of_placed_messages_equals_the_columns(tmp_path, mini, mode
     assert table.msg_segments is None and table.op_node_id.shape[0] == table.num_trace_ops
     assert np.array_equal(c.op_end_ps, a.op_end_ps) and np.array_equal(c.msg_delivered_ps, a.msg_delivered_ps[:keep])
     assert c.message(whole[0] - 1) == a.message(whole[0] - 1)
+
+
+def test_engine_refuses_segments_that_do_not_cover_the_messages(tmp_path, mini):
+    import dataclasses
+
+    from cmemu.lower.fabric import build_fabric
+    from cmemu.run import simulate
+
+    lowered = lower(load_trace(layered_trace(tmp_path, 2, own_attrs=False), mini.num_dies), mini)
+    seg = lowered.msg_segments.copy()
+    assert np.any(seg[:, 2] != seg[:, 0])  # copies, so the engine reads them
+    gap = seg.copy()
+    gap[1:, 0] += 1  # a message left out
+    with pytest.raises(ValueError, match="do not cover the messages in order"):
+        simulate(dataclasses.replace(lowered, msg_segments=gap), build_fabric(mini))
+    orphan = seg.copy()
+    orphan[-1, 2] = orphan[-1, 0] + 1  # a template that is no segment's start
+    with pytest.raises(ValueError, match="template is not a segment of its own"):
+        simulate(dataclasses.replace(lowered, msg_segments=orphan), build_fabric(mini))
+    copy = int(np.flatnonzero(seg[:-1, 2] != seg[:-1, 0])[0])  # not the last segment
+    short = seg.copy()
+    short[copy, 1] -= 1  # a copy one message short of its template, the next one a message early
+    short[copy + 1:, 0] -= 1
+    short[-1, 1] += 1
+    with pytest.raises(ValueError, match="not as long as its template"):
+        simulate(dataclasses.replace(lowered, msg_segments=short), build_fabric(mini))

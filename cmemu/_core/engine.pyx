@@ -1231,6 +1231,9 @@ cdef class Engine:
             row_of = dict(zip(lo[own].tolist(), (np.cumsum(count[own]) - count[own]).tolist()))
             if any(t not in row_of for t in tpl.tolist()):
                 raise ValueError("a message segment's template is not a segment of its own")
+            count_of = dict(zip(lo[own].tolist(), count[own].tolist()))
+            if any(count_of[t] != k for t, k in zip(tpl.tolist(), count.tolist())):
+                raise ValueError("a message segment is not as long as its template")
             take = np.concatenate([np.arange(a, a + k) for a, k in zip(lo[own], count[own])])
             table = {c: np.ascontiguousarray(getattr(L, c)[take]) for c in cols}
             rows = np.stack([lo, np.array([row_of[t] for t in tpl.tolist()], dtype=np.int64), shift], axis=1)
