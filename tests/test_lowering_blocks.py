@@ -315,6 +315,7 @@ def test_engine_refuses_segments_that_do_not_cover_the_messages(tmp_path, mini):
     short = seg.copy()
     short[copy, 1] -= 1  # a copy one message short of its template, the next one a message early
     short[copy + 1:, 0] -= 1
+    short[short[:, 2] > seg[copy, 0], 2] -= 1  # the templates after it too
     short[-1, 1] += 1
     with pytest.raises(ValueError, match="not as long as its template"):
         simulate(dataclasses.replace(lowered, msg_segments=short), build_fabric(mini))
