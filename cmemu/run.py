@@ -694,6 +694,7 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     from cmemu._core import hbm_sharing
     from cmemu._core.binning import bin_by_die, clock_tables
     from cmemu.die.hbm import HBMParams, stack_bytes
+    from cmemu.output.columns import lexsort_order
 
     if full.link_series is None:
         return None, None
@@ -704,7 +705,7 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     dies = int(L.die_aic_cores.shape[0])
     # The ops with HBM bytes by die, in op order within a die: die d's are ops[ptr[d]:ptr[d + 1]].
     has = np.flatnonzero(L.op_hbm_bytes > 0)
-    ops = has[np.argsort(L.op_rank[has], kind="stable")]
+    ops = has[lexsort_order((L.op_rank[has],))]  # a counting sort: the dies are few
     ptr = np.zeros(dies + 1, dtype=np.int64)
     np.cumsum(np.bincount(L.op_rank[has], minlength=dies)[:dies], out=ptr[1:])
     del has

@@ -449,14 +449,8 @@ cdef class Engine:
         self.op_mptr, self.op_midx = op_message_lists(L)
         n_msgs = L.msg_src.shape[0]
         self.n_msgs = n_msgs
-        self.message_table(L)
-        self.msg_left = np.empty(n_msgs, dtype=np.int32)
         self.path_mtu = F.path_mtu_byte
-        self.packets_total = 0
-        for i in range(n_msgs):
-            self.msg_left[i] = self.packets_of(<int32_t>i)  # every packet is still to come
-            self.packets_total += self.msg_left[i]
-        self.bytes_total = int(L.msg_bytes.sum())
+        self.message_table(L)
         self.n_record = n_msgs if record_deliveries < 0 else min(record_deliveries, n_msgs)
         self.msg_delivered_ps = np.full(self.n_record, -1, dtype=np.int64)
         self.msg_delivered = self.msg_delivered_ps
@@ -1250,6 +1244,24 @@ cdef class Engine:
         cdef int64_t k
         for k in range(rows.shape[0]):
             self.segs[k].lo, self.segs[k].row, self.segs[k].shift = rows[k, 0], rows[k, 1], rows[k, 2]
+        # Every packet of every message is still to come (packets_of), worked out per table row
+        # and copied segment by segment.
+        mtu = np.asarray(self.path_mtu)[np.asarray(self.tab_path)]
+        row_bytes = np.asarray(self.tab_bytes)
+        packets = np.maximum(1, (row_bytes + mtu - 1) // mtu).astype(np.int32)
+        if rows.shape[0] == 1:
+            left = packets.copy()
+            self.bytes_total = int(row_bytes.sum())
+        else:
+            left = np.empty(n, dtype=np.int32)
+            self.bytes_total = 0
+            counts = np.diff(np.append(rows[:, 0], n))
+            for k in range(rows.shape[0]):
+                left[rows[k, 0]:rows[k, 0] + counts[k]] = packets[rows[k, 1]:rows[k, 1] + counts[k]]
+            sums = np.concatenate([[0], np.cumsum(row_bytes)])
+            self.bytes_total = int((sums[rows[:, 1] + counts] - sums[rows[:, 1]]).sum())
+        self.msg_left = left
+        self.packets_total = int(left.sum(dtype=np.int64))
 
     cdef inline int32_t packets_of(self, int32_t m) noexcept nogil:
         """Packets message m is cut into: at most an MTU each, at least one."""
