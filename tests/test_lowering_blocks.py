@@ -15,6 +15,8 @@ from cmemu.lower import lower
 from cmemu.lower.builder import Block, OpBuilder, _Ids
 from cmemu.lower.passes import (
     early_successor,
+    leading_kept,
+    leading_kept_reference,
     early_successor_reference,
     hbm_demand,
     hbm_demand_reference,
@@ -167,6 +169,10 @@ def test_kernels_equal_their_references(seed):
             assert got[1] in idx[ptr[got[0]]:ptr[got[0] + 1]] and start[got[1]] < end[got[0]]
         else:
             assert np.all(start[idx] >= np.repeat(end, np.diff(ptr)))
+    # The leading messages between the first ops: all of them, some, or some out of order.
+    for nt in (0, n // 2, n):
+        for s_op, r_op in ((send, recv), (np.sort(send), np.sort(recv)), (send[::-1].copy(), recv[::-1].copy())):
+            assert leading_kept(s_op, r_op, nt) == leading_kept_reference(s_op, r_op, nt)
 
 
 def test_kernels_refuse_ops_outside_the_ops():

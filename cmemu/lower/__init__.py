@@ -142,11 +142,15 @@ class Lowered:
         """How many of the first messages are all the trace's own (those trace_view keeps): the
         lowering puts them before any message a collective makes. The number of messages if
         they are not all first (then every message has to be kept track of)."""
-        nt = self.num_trace_ops
-        keep = self.msg_send_op.view(np.uint32) < nt
-        keep &= self.msg_recv_op.view(np.uint32) < nt
-        n = int(np.count_nonzero(keep))
-        return n if keep[:n].all() else self.num_messages
+        from cmemu.lower.passes import leading_kept
+
+        cached = self.__dict__.get("_leading")
+        if cached is not None and cached[0] is self.msg_send_op:
+            return cached[1]
+        n = leading_kept(self.msg_send_op, self.msg_recv_op, self.num_trace_ops)
+        n = self.msg_send_op.shape[0] if n < 0 else n
+        self.__dict__["_leading"] = (self.msg_send_op, n)  # asked for twice on a run (run_trace)
+        return n
 
     def name_of(self, i: int) -> str:
         """A trace op's name, or for an internal op its parent's name and its index."""

@@ -237,3 +237,27 @@ def early_successor_reference(succ_ptr, succ_idx, start, end) -> tuple[int, int]
     i = int(late[0])
     succ = succ_idx[succ_ptr[i]:succ_ptr[i + 1]]
     return i, int(succ[np.flatnonzero(start[succ] < end[i])[0]])
+
+
+def leading_kept(send_op, recv_op, n_ops: int) -> int:
+    """How many of the first messages have both their send and their receive op among the first
+    ``n_ops`` ops (Lowered.leading_trace_messages); -1 if some message after them has too."""
+    return int(_leading_kept(send_op, recv_op, n_ops))
+
+
+@njit(cache=True)
+def _leading_kept(send, recv, nt):
+    m = send.shape[0]
+    k = 0
+    while k < m and 0 <= send[k] < nt and 0 <= recv[k] < nt:
+        k += 1
+    for i in range(k, m):
+        if 0 <= send[i] < nt and 0 <= recv[i] < nt:
+            return -1
+    return k
+
+
+def leading_kept_reference(send_op, recv_op, n_ops: int) -> int:
+    keep = (send_op >= 0) & (send_op < n_ops) & (recv_op >= 0) & (recv_op < n_ops)
+    k = int(np.count_nonzero(keep))
+    return k if keep[:k].all() else -1
