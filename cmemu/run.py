@@ -336,6 +336,7 @@ class RunResult:
     # --detail packets: every packet's transmission on every link (schema.PACKET_FIELDS), to /packets
     packets: dict | None = None
     hbm_clock: dict | None = None  # Engine.hbm_clock(): each die's HBM clock (HBM shared by its ops)
+    hbm_shared_ops: np.ndarray | None = None  # Engine.hbm_shared_ops: the ops that shared it
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
@@ -609,6 +610,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
                       record_packets=record, record_deliveries=lowered.leading_trace_messages(),
                       drop_engine_inputs=not record)
     # Its run state: the rest of the results are built without it (the op times read first).
+    hbm_shared_ops = engine.hbm_shared_ops
     engine.release(keep_op_times=True)
     op_start, op_end = np.asarray(engine.op_start_ps), np.asarray(engine.op_end_ps)
     engine.release()
@@ -633,6 +635,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         packets_lost=int(getattr(engine, "packets_lost", 0)),
         packets=engine.packet_records() if record else None,
         hbm_clock=engine.hbm_clock(),
+        hbm_shared_ops=hbm_shared_ops,
         fabric_model=fabric_model,
     )
     del engine  # with record_packets, its copy of the records
@@ -716,7 +719,11 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
     shared = clock = None
     if full.hbm_clock is not None and len(full.hbm_clock["die"]):
-        shared = hbm_sharing(L)[1] > 0
+        if full.hbm_shared_ops is not None:  # the engine's (op durations may be gone: drop_engine_inputs)
+            shared = np.zeros(L.num_ops, dtype=bool)
+            shared[full.hbm_shared_ops] = True
+        else:
+            shared = hbm_sharing(L)[1] > 0
         clock = clock_tables(full.hbm_clock, dies)
     period = hp.pseudo_channels * hp.granule_byte
 

@@ -246,7 +246,7 @@ def test_engine_inputs_dropped_after_the_engine_is_built(tmp_path, mini):
     assert cut.num_ops > nt  # the collectives' internal ops
     engine = simulate(whole, build_fabric(mini), record_deliveries=whole.leading_trace_messages())
     cut.drop_engine_inputs()
-    for name in ("op_kind", "op_dur_ps", "op_rank", "op_parent", "op_lane", "op_bytes", "succ_ptr", "msg_src"):
+    for name in ("op_kind", "op_lat_ps", "op_rank", "op_parent", "op_lane", "op_bytes", "succ_ptr", "msg_src"):
         assert np.array_equal(getattr(cut, name), getattr(whole, name)), name
     for name in Lowered.ENGINE_ONLY:
         assert np.array_equal(getattr(cut, name), getattr(whole, name)[:nt]), name

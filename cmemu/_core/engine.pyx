@@ -1195,6 +1195,14 @@ cdef class Engine:
         cdef int32_t op = self.tab_recv[m - g.lo + g.row]
         return op + g.shift if op >= 0 else op
 
+    @property
+    def hbm_shared_ops(self):
+        """The ops that share their die's HBM bandwidth (cmemu._core.hbm_sharing; int32, in op
+        order), until release."""
+        if self.released:
+            raise RuntimeError("this engine's run state was released")
+        return np.asarray(self.h_op).copy()
+
     def op_messages(self, int32_t op):
         """The messages op carries (a SEND's writes, a RECV's messages), until release."""
         if self.released:

@@ -925,6 +925,10 @@ class Engine:
     def msg_delivered_ps(self):
         return np.asarray(self.msg_delivered[:self.n_record], dtype=np.int64)
 
+    @property
+    def hbm_shared_ops(self):
+        return np.flatnonzero(np.asarray(self.op_rate) > 0).astype(np.int32)
+
     def op_messages(self, op):
         return np.asarray(self.op_msgs[op], dtype=np.int32)
 

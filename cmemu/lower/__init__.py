@@ -123,14 +123,15 @@ class Lowered:
 
     # What only the engine reads of an internal op (its copy, made when it starts), and what only
     # the trace's ops need afterwards (trace_view, the timeline, error messages); an internal op
-    # has no report start either.
+    # has no report start either. (Its duration went into the HBM sharing, which the engine gives
+    # back: Engine.hbm_shared_ops.)
     ENGINE_ONLY = ("op_res", "op_msg", "op_npred", "op_aic", "op_aiv", "op_node_id", "op_type", "op_stream",
-                   "op_report_start")
+                   "op_report_start", "op_dur_ps")
 
     def drop_engine_inputs(self) -> None:
         """Cut the ENGINE_ONLY columns to the trace's ops once an engine has been built from
         this lowering: run_trace does so, for the gigabytes the collectives' internal ops hold
-        in them on a big run. What the run's results are built from afterwards (kinds, durations,
+        in them on a big run. What the run's results are built from afterwards (kinds, latencies,
         dies, lanes, parents, bytes, dependencies, messages) stays whole."""
         nt = self.num_trace_ops
         for name in self.ENGINE_ONLY:
