@@ -271,3 +271,18 @@ def test_receive_of_many_writes_ends_at_the_last(mini, native, model, gate):
     one = run(gate_ps, record_deliveries=1)
     assert np.array_equal(one.msg_delivered_ps, free[:1])
     assert np.array_equal(one.op_end_ps, full.op_end_ps) and one.messages_delivered == 3
+
+
+def test_link_counters_of_a_wide_bin_past_32_bits(mini):
+    """A bin's counters are kept in 32-bit parts (16-byte rows) and summed: one 5 GB write within
+    a single 1 s bin, over the one die-to-die link between the two dies of an NPU, still gives
+    the link its 5 GB (and headers) and its busy time (both past 2**32) in one row of
+    /links/binned."""
+    size = 5 * 10**9
+    e = simulate(writes(mini, [(0, 1)], size), build_fabric(mini, model="message"), bin_ps=10**12)  # die to die
+    series = e.link_series()
+    used = np.flatnonzero(np.asarray(e.link_bytes) > 0)
+    assert np.array_equal(series["link"], used) and not series["bin"].any()  # one row a link
+    assert np.array_equal(series["bytes"], np.asarray(e.link_bytes)[used])
+    assert np.array_equal(series["busy_ps"], np.asarray(e.link_busy_ps)[used])
+    assert series["bytes"].size == 1 and series["bytes"][0] > size > 2**32 and series["busy_ps"][0] > 2**32  # + headers

@@ -37,7 +37,7 @@ packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_wake``.
 cimport cython
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memmove, memset
-from libc.stdint cimport int64_t, int32_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int64_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t, UINT32_MAX
 
 import numpy as np
 cimport numpy as cnp
@@ -200,10 +200,11 @@ cdef struct RunQueue:
 
 cdef struct SeriesRow:
     # One closed time bin of a link's counters (series_row); bins are int32 in /links/binned.
+    # 16 bytes: counts above 2**32 - 1 take several rows of the bin, which link_series sums.
     int32_t link
     int32_t bin
-    int64_t nbytes
-    int64_t busy
+    uint32_t nbytes
+    uint32_t busy
 
 
 cdef struct Seg:
@@ -1325,6 +1326,13 @@ cdef class Engine:
     # -- counters --------------------------------------------------------------------------
     cdef int series_row(self, int32_t link, int64_t b, int64_t nbytes, int64_t busy) except -1:
         cdef SeriesRow* grown
+        cdef int64_t part_bytes, part_busy
+        while nbytes > UINT32_MAX or busy > UINT32_MAX:  # a wide bin: in parts (SeriesRow)
+            part_bytes = nbytes if nbytes < UINT32_MAX else UINT32_MAX
+            part_busy = busy if busy < UINT32_MAX else UINT32_MAX
+            self.series_row(link, b, part_bytes, part_busy)
+            nbytes -= part_bytes
+            busy -= part_busy
         if self.series_len == self.series_cap:
             grown = <SeriesRow*>realloc(self.series, 2 * self.series_cap * sizeof(SeriesRow))
             if grown == NULL:
@@ -1335,8 +1343,8 @@ cdef class Engine:
             raise SimulationError("the run has more than 2**31 link counter bins: make them wider (cmemu run --link-bin-ns)")
         self.series[self.series_len].link = link
         self.series[self.series_len].bin = <int32_t>b
-        self.series[self.series_len].nbytes = nbytes
-        self.series[self.series_len].busy = busy
+        self.series[self.series_len].nbytes = <uint32_t>nbytes
+        self.series[self.series_len].busy = <uint32_t>busy
         self.series_len += 1
         return 0
 
