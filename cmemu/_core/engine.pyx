@@ -324,7 +324,7 @@ cdef class Engine:
     cdef Seg* segs
     cdef int64_t n_msgs
     cdef readonly bint owns_messages  # its table is a copy: the lowering's columns can go
-    cdef readonly int64_t packets_total, bytes_total
+    cdef readonly int64_t packets_total
     cdef int32_t[::1] msg_left        # packets not yet delivered (and, for a write, acknowledged)
     cdef readonly cnp.ndarray msg_delivered_ps
     # When a message was delivered (its last packet in memory), kept for the first n_record
@@ -1260,15 +1260,11 @@ cdef class Engine:
         packets = np.maximum(1, (row_bytes + mtu - 1) // mtu).astype(np.int32)
         if rows.shape[0] == 1:
             left = packets.copy()
-            self.bytes_total = int(row_bytes.sum())
         else:
             left = np.empty(n, dtype=np.int32)
-            self.bytes_total = 0
             counts = np.diff(np.append(rows[:, 0], n))
             for k in range(rows.shape[0]):
                 left[rows[k, 0]:rows[k, 0] + counts[k]] = packets[rows[k, 1]:rows[k, 1] + counts[k]]
-            sums = np.concatenate([[0], np.cumsum(row_bytes)])
-            self.bytes_total = int((sums[rows[:, 1] + counts] - sums[rows[:, 1]]).sum())
         self.msg_left = left
         self.packets_total = int(left.sum(dtype=np.int64))
 

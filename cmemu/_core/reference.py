@@ -941,10 +941,6 @@ class Engine:
         return sum(self.msg_npkts)
 
     @property
-    def bytes_total(self):
-        return sum(self.msg_bytes)
-
-    @property
     def msg_pending(self):
         return np.asarray(self.msg_left, dtype=np.int32)
 
