@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -98,10 +99,12 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
     if output is None:
         stem = trace.name.removesuffix(".jsonl").removesuffix(".json")
         output = Path(stem + ".h5")
+    t0 = time.perf_counter()
     r = run_trace(trace, system=system, overrides=overrides, output=output,
                   native=(engine == "native"), progress=not quiet, max_memory_bytes=max_memory,
                   compression=compression, detail=detail, link_bin_ns=link_bin_ns, fail=fail,
                   pipe_intervals=pipe_intervals, fabric_model=fabric_model)
+    total_s = time.perf_counter() - t0
     if quiet:
         return
     L = r.lowered
@@ -118,7 +121,8 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
     click.echo(f"  messages        {r.fabric_messages:,} ({r.fabric_packets:,} packets, {r.fabric_bytes:,} B, "
                f"{r.packets_sent:,} packet-hops), collectives' included; {r.fabric_model}-level fabric")
     click.echo(f"  events          {r.events:,} (at most {r.max_pending_events:,} pending)")
-    click.echo(f"  wall time       {r.wall_time_s:.3f} s ({rate / 1e6:.2f} M events/s)")
+    click.echo(f"  wall time       {r.wall_time_s:.3f} s ({rate / 1e6:.2f} M events/s); "
+               f"{total_s:.3f} s with the timeline written")
     click.echo(f"  timeline        {output}")
 
 

@@ -240,6 +240,7 @@ def test_cli_run_writes_timeline_and_summary(cli, tmp_path):
     proc = cli("run", TRACES / "mini_moe_layer.json", "-o", out)
     assert "simulated time" in proc.stdout and " us" in proc.stdout
     assert "wall time" in proc.stdout and "events" in proc.stdout
+    assert "s with the timeline written" in proc.stdout  # the whole run, the HDF5 write included
     with h5py.File(out) as f:
         assert f.attrs["format"] == "cmemu.timeline" and f.attrs["version"] >= 1
         assert f.attrs["preset"] == "mini"
