@@ -36,7 +36,7 @@ packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_wake``.
 """
 cimport cython
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
-from libc.string cimport memmove, memset
+from libc.string cimport memcpy, memmove, memset
 from libc.stdint cimport int64_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t, UINT32_MAX
 
 import numpy as np
@@ -349,9 +349,13 @@ cdef class Engine:
     cdef int64_t[::1] ep_sink_free
     # Per initiator, a min-heap of the times its writes' acks come back: a window slot frees at
     # each, but nothing needs to happen then unless the window is full (then one wake-up).
+    # Per initiator, the ack times of its packets in flight, sorted, in ack_heap[ep][ack_lo[ep]:]
+    # (ack_len of them): they come back roughly in the order they left, so a new one goes in near
+    # the end and the first is taken off the front.
     cdef int64_t** ack_heap
     cdef int64_t* ack_len
     cdef int64_t* ack_cap
+    cdef int64_t* ack_lo
     cdef uint8_t[::1] ep_wake_pending
     cdef int64_t[::1] ep_wake_at
     # Packet format.
@@ -421,6 +425,7 @@ cdef class Engine:
         self.ack_heap = NULL
         self.ack_len = NULL
         self.ack_cap = NULL
+        self.ack_lo = NULL
         self.heap = NULL
         self.fifo = NULL
         self.wheel = NULL
@@ -534,12 +539,14 @@ cdef class Engine:
         self.ack_heap = <int64_t**>malloc(max(n_eps, 1) * sizeof(int64_t*))
         self.ack_len = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
         self.ack_cap = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
-        if self.ack_heap == NULL or self.ack_len == NULL or self.ack_cap == NULL:
+        self.ack_lo = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
+        if self.ack_heap == NULL or self.ack_len == NULL or self.ack_cap == NULL or self.ack_lo == NULL:
             raise MemoryError("ack heaps")
         for i in range(n_eps):
             self.ack_heap[i] = NULL
             self.ack_len[i] = 0
             self.ack_cap[i] = 0
+            self.ack_lo[i] = 0
 
         self.path_flit = F.path_flit_byte
         self.path_header = F.path_header_byte
@@ -691,6 +698,7 @@ cdef class Engine:
             free(self.ack_heap)
         free(self.ack_len)
         free(self.ack_cap)
+        free(self.ack_lo)
         if self.lk != NULL:
             for i in range(self.n_links):
                 free(self.lk[i].cal)
@@ -744,7 +752,7 @@ cdef class Engine:
             self.sk[i].cal = NULL
             free(self.ack_heap[i])
             self.ack_heap[i] = NULL
-            self.ack_len[i] = self.ack_cap[i] = 0
+            self.ack_len[i] = self.ack_cap[i] = self.ack_lo[i] = 0
         for i in range(WHEEL_SIZE):
             free(self.wheel[i].ev)
             self.wheel[i].ev = NULL
@@ -2007,54 +2015,44 @@ cdef class Engine:
             self.lk[link].busy_until = t + need
         return t + need
 
+    cdef inline int64_t ack_first(self, int32_t ep) noexcept nogil:
+        """The initiator's earliest ack in flight (ack_len[ep] > 0)."""
+        return self.ack_heap[ep][self.ack_lo[ep]]
+
     cdef void ack_pop(self, int32_t ep) noexcept nogil:
-        """Take the earliest ack off the initiator's heap: its window slot is free."""
-        cdef int64_t* h = self.ack_heap[ep]
-        cdef int64_t n, i, child, last
+        """Take the earliest ack off the initiator's list: its window slot is free."""
         self.ep_outstanding[ep] -= 1
         self.ack_len[ep] -= 1
-        n = self.ack_len[ep]
-        if n == 0:
-            return
-        last = h[n]
-        i = 0
-        while True:
-            child = 2 * i + 1
-            if child >= n:
-                break
-            if child + 1 < n and h[child + 1] < h[child]:
-                child += 1
-            if h[child] >= last:
-                break
-            h[i] = h[child]
-            i = child
-        h[i] = last
+        self.ack_lo[ep] = self.ack_lo[ep] + 1 if self.ack_len[ep] > 0 else 0
 
     cdef int ack_push(self, int32_t ep, int64_t t) except -1:
-        cdef int64_t* h
-        cdef int64_t i, parent, cap
-        if self.ack_len[ep] == self.ack_cap[ep]:
-            cap = 16 if self.ack_cap[ep] == 0 else 2 * self.ack_cap[ep]
-            h = <int64_t*>realloc(self.ack_heap[ep], cap * sizeof(int64_t))
-            if h == NULL:
-                raise MemoryError("ack heap")
-            self.ack_heap[ep] = h
-            self.ack_cap[ep] = cap
-        h = self.ack_heap[ep]
-        i = self.ack_len[ep]
-        self.ack_len[ep] += 1
-        while i > 0:
-            parent = (i - 1) >> 1
-            if h[parent] <= t:
-                break
-            h[i] = h[parent]
-            i = parent
+        cdef int64_t* h = self.ack_heap[ep]
+        cdef int64_t i, cap, lo = self.ack_lo[ep], n = self.ack_len[ep]
+        if lo + n == self.ack_cap[ep]:
+            if lo > 0 and 2 * n <= self.ack_cap[ep]:  # room at the front: move them there
+                memmove(h, h + lo, n * sizeof(int64_t))
+            else:
+                cap = 16 if self.ack_cap[ep] == 0 else 2 * self.ack_cap[ep]
+                h = <int64_t*>malloc(cap * sizeof(int64_t))
+                if h == NULL:
+                    raise MemoryError("ack list")
+                if n > 0:
+                    memcpy(h, self.ack_heap[ep] + lo, n * sizeof(int64_t))
+                free(self.ack_heap[ep])
+                self.ack_heap[ep] = h
+                self.ack_cap[ep] = cap
+            lo = self.ack_lo[ep] = 0
+        i = lo + n  # in order from the end: most come after the others
+        while i > lo and h[i - 1] > t:
+            h[i] = h[i - 1]
+            i -= 1
         h[i] = t
+        self.ack_len[ep] = n + 1
         return 0
 
     cdef void collect_acks(self, int32_t ep) noexcept nogil:
         """Acks back by now free their window slots."""
-        while self.ack_len[ep] > 0 and self.ack_heap[ep][0] <= self.now:
+        while self.ack_len[ep] > 0 and self.ack_first(ep) <= self.now:
             self.ack_pop(ep)
 
     cdef int inject(self, int32_t ep) except -1:
@@ -2079,10 +2077,10 @@ cdef class Engine:
                 # frees its slot when its response is back, which is not yet known).
                 if (self.lookahead == 0 or kind != MSG_WRITE or self.ack_len[ep] == 0
                         or self.ack_len[ep] != self.ep_outstanding[ep]
-                        or self.ack_heap[ep][0] > self.now + self.lookahead):
+                        or self.ack_first(ep) > self.now + self.lookahead):
                     break
-                if self.ack_heap[ep][0] > self.ep_issue_free[ep]:
-                    self.ep_issue_free[ep] = self.ack_heap[ep][0]
+                if self.ack_first(ep) > self.ep_issue_free[ep]:
+                    self.ep_issue_free[ep] = self.ack_first(ep)
                 self.ack_pop(ep)
             path = self.tab_path[row]
             mtu = self.path_mtu[path]
@@ -2134,7 +2132,7 @@ cdef class Engine:
             self.voq_append(first, 0, p)
             self.try_transmit(first)
         if q.n > 0 and self.ack_len[ep] > 0:
-            self.wake_at(ep, self.ack_heap[ep][0])  # the window is full: wake when a slot frees
+            self.wake_at(ep, self.ack_first(ep))  # the window is full: wake when a slot frees
         return 0
 
     cdef int wake_at(self, int32_t ep, int64_t t) except -1:
