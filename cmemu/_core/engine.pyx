@@ -44,6 +44,7 @@ cimport numpy as cnp
 
 from cmemu.errors import DieFailedError, SimulationError, UnroutableError
 from cmemu._core import hbm_sharing, op_message_lists
+from cmemu.lower.comm import MSG_COLUMNS
 
 cnp.import_array()
 
@@ -1229,7 +1230,7 @@ cdef class Engine:
         """Set up the messages' table from the lowering (see tab_src)."""
         segs = getattr(L, "msg_segments", None)
         n = L.msg_src.shape[0]
-        cols = ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path", "msg_send_op", "msg_recv_op")
+        cols = tuple(MSG_COLUMNS)
         table = {c: getattr(L, c) for c in cols}
         rows = np.zeros((1, 3), dtype=np.int64)  # (lo, row, shift): one segment, the columns themselves
         seg_of = np.zeros(n, dtype=np.uint16)

@@ -13,7 +13,7 @@ from operator import attrgetter
 import numpy as np
 
 from cmemu.lower.builder import OpBuilder
-from cmemu.lower.comm import MessageTable
+from cmemu.lower.comm import MSG_COLUMNS, MessageTable
 from cmemu.lower.compute import comp_cost, comp_duration_ps
 from cmemu.lower.memory import hbm_latency_ps, hbm_service_ps
 from cmemu.topology import Topology
@@ -104,8 +104,7 @@ class Lowered:
         keep &= self.msg_recv_op.view(np.uint32) < nt
         cut = {f.name: getattr(self, f.name)[:nt] for f in dataclasses.fields(self)
                if f.name.startswith("op_") and f.name != "op_name"}
-        cut.update({f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self)
-                    if f.name.startswith("msg_") and f.name not in ("msg_segments", "msg_total")})
+        cut.update({name: getattr(self, name)[keep] for name in MSG_COLUMNS})
         cut["msg_segments"], cut["msg_total"] = None, (-1, -1)
         # The trace ops come first, so their successor lists are the CSR's first succ_ptr[nt].
         head = self.succ_idx[:int(self.succ_ptr[nt])]
@@ -177,9 +176,8 @@ class Lowered:
             return
         keep = self.leading_trace_messages()
         total = (self.num_messages, self.message_bytes)
-        for f in dataclasses.fields(self):
-            if f.name.startswith("msg_") and f.name not in ("msg_segments", "msg_total"):
-                setattr(self, f.name, getattr(self, f.name)[:keep].copy())
+        for name in MSG_COLUMNS:
+            setattr(self, name, getattr(self, name)[:keep].copy())
         self.msg_total = total
         self.msg_segments = None
 
