@@ -187,15 +187,22 @@ cdef struct PacketRecord:
 cdef struct RunQueue:
     # An initiator's queue of messages to issue, in the order they started: runs of consecutive
     # entries of op_midx (the messages of one op, started together), (lo, hi) pairs in a ring of
-    # ``cap`` runs from ``head``; ``seq`` packets of the first message are issued; ``row`` and
-    # ``shift`` are its table row and op shift (set as its first packet is issued).
+    # ``cap`` runs from ``head``; ``seq`` packets of the first message are issued. Set as its
+    # first packet is issued: ``row`` and ``shift``, its table row and op shift; ``npk``, its
+    # packets; ``wire``, the wire bytes of a packet of ``wpay`` payload bytes (its full ones);
+    # ``plane`` and ``uplink``, its next packet's path while no link is down (choose_path).
     int64_t* buf
     int64_t head
     int64_t n
     int64_t cap
     int64_t seq
     int64_t row
+    int64_t npk
     int32_t shift
+    int32_t wire
+    int32_t wpay
+    int32_t plane
+    int32_t uplink
     int32_t pad
 
 
@@ -419,6 +426,7 @@ cdef class Engine:
     # (path_reserve); an initiator with a full window issues in one event the packets whose slots
     # free within ``lookahead`` ps (inject). 0: packet level.
     cdef int64_t lookahead
+    cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
 
     def __cinit__(self):
         self.lk = NULL
@@ -1887,7 +1895,11 @@ cdef class Engine:
             link = links[hop]
             if self.lk[link].rate != rate:  # the links of a path mostly have one rate
                 rate = self.lk[link].rate
-                ser = serialisation_ps(wire, rate)
+                if wire != self.ser_wire or rate != self.ser_rate:  # and packets one size
+                    self.ser_wire = wire
+                    self.ser_rate = rate
+                    self.ser_ps = serialisation_ps(wire, rate)
+                ser = self.ser_ps
             t = self.cal_take(link, t, ser, wire)
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
@@ -2072,9 +2084,21 @@ cdef class Engine:
         while q.n > 0:
             m = self.op_midx[q.buf[2 * q.head]]
             seq = q.seq
-            if seq == 0:  # its fields' row, found once a message
-                q.row = self.mrow(m)
+            if seq == 0:  # what its packets have in common, found once a message
+                row = q.row = self.mrow(m)
                 q.shift = self.segs[self.mseg[m]].shift
+                kind = self.tab_kind[row]
+                path = self.tab_path[row]
+                mtu = self.path_mtu[path]
+                nbytes = self.tab_bytes[row]
+                q.npk = 1 if nbytes <= mtu else (nbytes + mtu - 1) // mtu  # packets_of
+                # A read request carries no data; an atomic's carries its operand.
+                q.wpay = <int32_t>(0 if kind == MSG_READ else (mtu if nbytes > mtu else nbytes))
+                q.wire = <int32_t>self.wire_bytes(path, PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ, q.wpay)
+                if not self.links_down:  # choose_path's first draw, without its divisions
+                    idx = self.path_hash(m, row) % (self.P * self.U)
+                    q.plane = <int32_t>(idx % self.P)
+                    q.uplink = <int32_t>(idx // self.P)
             row = q.row
             kind = self.tab_kind[row]
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
@@ -2104,14 +2128,28 @@ cdef class Engine:
             self.pkts[p].in_link = -1
             self.pkts[p].vl = 0
             self.pkts[p].ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
-            # A read request carries no data; an atomic's carries its operand.
-            self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype,
-                                                           0 if kind == MSG_READ else payload)
-            idx = self.choose_path(m, seq, p, row)
-            self.pkts[p].plane = <uint8_t>(idx % self.P)
-            self.pkts[p].uplink = <int32_t>(idx // self.P)
+            if kind == MSG_READ or payload == q.wpay:
+                self.pkts[p].wire = q.wire
+            else:  # the last packet of a write, shorter than the others
+                self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype, payload)
+            if not self.links_down:
+                # choose_path: sprayed, (hash + seq) mod paths, the next path in (uplink, plane)
+                # order from packet to packet; hashed, the same path for all.
+                self.pkts[p].plane = <uint8_t>q.plane
+                self.pkts[p].uplink = q.uplink
+                if self.lb == LB_SPRAY:
+                    q.plane += 1
+                    if q.plane == self.P:
+                        q.plane = 0
+                        q.uplink += 1
+                        if q.uplink == self.U:
+                            q.uplink = 0
+            else:
+                idx = self.choose_path(m, seq, p, row)
+                self.pkts[p].plane = <uint8_t>(idx % self.P)
+                self.pkts[p].uplink = <int32_t>(idx // self.P)
             q.seq += 1
-            if q.seq == (1 if nbytes <= mtu else (nbytes + mtu - 1) // mtu):  # on to the next message (packets_of)
+            if q.seq == q.npk:  # on to the next message
                 q.seq = 0
                 q.buf[2 * q.head] += 1
                 if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
