@@ -1949,16 +1949,27 @@ cdef class Engine:
     cdef inline int64_t cal_gap(self, LinkInfo* L, int64_t n, int64_t* t, int64_t need) noexcept nogil:
         """The first idle stretch of L's calendar at or after *t that holds ``need`` ps: moves *t
         to its start and returns the interval it ends at (n: none). Most packets come after the
-        last interval or during it, so those two are looked at before a binary search."""
+        last interval or during it, so those two are looked at first; else it is mostly a few
+        intervals back (8 on average in the decode step, of 36), so the search gallops back from
+        the end."""
         cdef int64_t* c = L.cal
-        cdef int64_t i, hi, mid
+        cdef int64_t i, hi, mid, step
         if n == 0 or c[2 * n - 1] <= t[0]:
             return n  # after them all: nothing to look through
         if n == 1 or c[2 * n - 3] <= t[0]:
             i = n - 1  # the first interval that ends after t is the last one
         else:
-            i = 0
-            hi = n - 1
+            # Back from the end in steps that double (in lines the end's prefetch brought, the
+            # most part), then a binary search between the last two probes.
+            hi = n - 2  # ends after t
+            step = 2
+            i = hi - step
+            while i > 0 and c[2 * i + 1] > t[0]:
+                hi = i
+                step *= 2
+                i = hi - step
+            if i < 0:
+                i = 0
             while i < hi:  # the first interval that ends after t
                 mid = (i + hi) >> 1
                 if c[2 * mid + 1] > t[0]:
