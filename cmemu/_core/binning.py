@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _clock_at(t, lo, hi, ct, cv, cs):
     """The clock of one die (its records ct/cv/cs[lo:hi], in time order) at time t."""
     if hi <= lo or t < ct[lo]:
@@ -32,7 +32,7 @@ def _clock_at(t, lo, hi, ct, cv, cs):
     return cv[a] + (t - ct[a]) * cs[a]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs, grid):
     # With a grid (keys x bins, not empty): sum into it, and return nothing else. Without one:
     # first, how many (key, bin) pairs each interval touches, to size the output.
@@ -92,7 +92,7 @@ def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs, grid):
     return out_key, out_bin, out_val
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _clock_from(t, lo, hi, ct, cv, cs, at):
     """``_clock_at`` searched outward from record ``at`` (the last one found): (clock, record).
     The same record as the binary search, the last at or before t, found in a few steps when
@@ -124,7 +124,7 @@ def _clock_from(t, lo, hi, ct, cv, cs, at):
     return cv[a] + (t - ct[a]) * cs[a], a
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _spread_window(lo_i, hi_i, start, end, value, bin_ps, w0, w1, clock_of, cptr, ct, cv, cs, grid, given):
     # Intervals lo_i:hi_i (one die's) summed into grid[bin - w0, key] for the bins w0 .. w1 - 1;
     # returns the range of bins touched. The same arithmetic as ``_spread``, an interval's part
@@ -182,7 +182,7 @@ def _spread_window(lo_i, hi_i, start, end, value, bin_ps, w0, w1, clock_of, cptr
     return bmin, bmax
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _emit(grid, w0, bmin, bmax, die, k_die, k_key, k_bin, k_val, nkc, d_die, d_bin, d_val, ndc):
     # The grid's cells above 0 in bins bmin .. bmax, per key and summed per bin; the grid cleared.
     nk = grid.shape[1]
@@ -209,7 +209,7 @@ def _emit(grid, w0, bmin, bmax, die, k_die, k_key, k_bin, k_val, nkc, d_die, d_b
     return nkc, ndc
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _spread_dies(ptr, first_die, start, end, value, bin_ps, n_bins, window, clock_of, cptr, ct, cv, cs,
                  k_die, k_key, k_bin, k_val, nkc, d_die, d_bin, d_val, ndc):
     # Die first_die + d's intervals are rows ptr[d]:ptr[d + 1]; value[i, q] is interval i's value
@@ -246,7 +246,7 @@ def _combine(key, bin_, val):
 DENSE_CELLS = 1 << 24
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _clock_csr(die, t, clock, demand, capacity, dies):
     # A counting sort of the records by die (stable: time order within a die), with each
     # record's speed: capacity / demand while the demand is above the capacity, else 1.

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _stable_by(key, lo, n_keys, perm):
     # The rows of perm stably sorted by key[row] - lo (a counting sort).
     counts = np.zeros(n_keys + 1, np.int64)
@@ -28,7 +28,7 @@ def _stable_by(key, lo, n_keys, perm):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _repeats(order, a, b):
     # Whether two rows next to each other in this order have the same (a, b).
     for i in range(1, order.shape[0]):
@@ -37,7 +37,7 @@ def _repeats(order, a, b):
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sum_by(index, value, n):
     out = np.zeros(n, np.int64)
     for i in range(index.shape[0]):
