@@ -273,6 +273,35 @@ def test_malformed_jsonl_names_the_file_line(tmp_path):
     assert "invalid JSON at line 3 column" in str(raised.value)
 
 
+@pytest.mark.parametrize("line, error", [
+    (' \t{"x-a": [1, 2.5, "s", null, true]}\r', None),  # JSON's whitespace around a value: the value
+    ('{"x-a": NaN}', None),  # what json.loads takes, the line takes
+    ('\u00a0', None),  # blank but for Unicode's whitespace: skipped, as json.loads would not take it
+    ('\u00a0{"x-a": 1}', "line 3 column 1: Expecting value"),  # Unicode's whitespace is not JSON's
+    ('{"x-a": 1} {"x-b": 2}', "line 3 column 12: Extra data"),  # two values on a line
+    ('{"x-a": 1}, ', "line 3 column 11: Extra data"),
+    ('{"x-a": [1,', "line 3 column 12: Expecting value"),  # a value over two lines
+])
+def test_jsonl_lines_read_as_json_loads_reads_them(tmp_path, line, error):
+    """Each JSONL line is read as json.loads reads it (read_trace takes a faster way to the same)."""
+    path = write_jsonl(tmp_path, nodes_doc(comp(0), comp(1)))
+    lines = path.read_text().splitlines()
+    lines.insert(2, line)
+    if error and line.endswith(","):
+        lines.insert(3, "2]}")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    if error:
+        with pytest.raises(TraceError) as raised:
+            read_trace(path)
+        assert f"invalid JSON at {error}" in str(raised.value)
+        return
+    doc, _ = read_trace(path)
+    blank = not line.strip()
+    assert len(doc["nodes"]) == 2 + (not blank)
+    if not blank:
+        assert json.dumps(doc["nodes"][1]) == json.dumps(json.loads(line))
+
+
 def test_jsonl_header_must_not_hold_nodes(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps(nodes_doc(comp(0))) + "\n", encoding="utf-8")
