@@ -282,7 +282,7 @@ def check_clock_range(lowered: Lowered, fabric) -> None:
     total = float(L.op_dur_ps.sum(dtype=np.float64)) + float(L.op_lat_ps.sum(dtype=np.float64))
     if L.num_messages:
         # Packets: at most one more per message than its bytes over the smallest MTU.
-        payload = float(L.msg_bytes.sum(dtype=np.float64))
+        payload = float(L.message_bytes)
         packets = payload / float(F.path_mtu_byte.min()) + L.num_messages
         wire = payload + packets * float(F.path_header_byte.max() + F.path_flit_byte.max())
         hops = 2 * 4  # a read's request and response, at most four links each
@@ -589,7 +589,10 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
             f"{trace_path}: {need.describe()}, more than the memory limit of {format_bytes(limit)}; "
             "raise --max-memory or split the trace"
         )
-    lowered = lower(trace, topo)
+    record = detail == "packets"
+    # The native engine reads only the templates of the collectives' repeated messages and then
+    # drops the columns (drop_engine_inputs): their copies need not be written.
+    lowered = lower(trace, topo, fill_messages=not native or record)
     static, timed = _trace_failures(trace)
     failures = parse_failures(list(fail) + static, topo)
     check_failed_dies(lowered, failures)
@@ -602,7 +605,6 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
     queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
     bin_ps = ns_to_ps(link_bin_ns) if link_bin_ns else 0
-    record = detail == "packets"
     # Delivery times are kept for the trace's own messages, what /messages holds.
     # The lowering's columns the engine copies go as it is built (the packet rows of --detail
     # packets name every message: then they stay).
@@ -873,6 +875,7 @@ def packet_rows(full: RunResult, keep: np.ndarray) -> dict:
     from cmemu.lower.fabric import MSG_WRITE
 
     L = full.lowered
+    L.fill_messages()
     rec = full.packets
     m = np.asarray(rec["msg"], dtype=np.int64)
     new_id = np.cumsum(keep) - 1

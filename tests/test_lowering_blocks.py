@@ -11,7 +11,7 @@ import pytest
 
 import cmemu.lower.collectives as collectives
 from cmemu.errors import TraceError
-from cmemu.lower import lower
+from cmemu.lower import Lowered, lower
 from cmemu.lower.builder import Block, OpBuilder, _Ids
 from cmemu.lower.passes import (
     early_successor,
@@ -325,3 +325,48 @@ def test_engine_refuses_segments_that_do_not_cover_the_messages(tmp_path, mini):
     short[-1, 1] += 1
     with pytest.raises(ValueError, match="not as long as its template"):
         simulate(dataclasses.replace(lowered, msg_segments=short), build_fabric(mini))
+
+
+@pytest.mark.parametrize("model", ["packet", "message"])
+def test_messages_left_unfilled_give_the_same_run(tmp_path, mini, model):
+    """lower(fill_messages=False), as run_trace asks for the native engine: the copies of a
+    template's messages keep only their send/receive ops until fill_messages(); the byte total,
+    the engine's run (it reads the templates) and the columns once filled are those of a
+    lowering that wrote them all."""
+    import copy
+
+    from cmemu.lower.fabric import build_fabric
+    from cmemu.run import simulate
+
+    trace = load_trace(layered_trace(tmp_path, 3, own_attrs=False), mini.num_dies)
+    whole = lower(trace, mini)
+    lazy = lower(trace, mini, fill_messages=False)
+    assert whole.msg_filled and not lazy.msg_filled
+    for name in ("msg_send_op", "msg_recv_op"):
+        assert np.array_equal(getattr(lazy, name), getattr(whole, name)), name
+    assert lazy.message_bytes == whole.message_bytes == int(whole.msg_bytes.sum())
+    seg = lazy.msg_segments
+    first_copy = int(seg[np.flatnonzero(seg[:, 2] != seg[:, 0])[0], 0])
+    part = copy.deepcopy(lazy)
+    part.fill_messages(first_copy + 3)  # the first copy's first three messages, and not all of them
+    assert not part.msg_filled
+    for name in Lowered.COPIED_MSG_COLUMNS:
+        assert np.array_equal(getattr(part, name)[:first_copy + 3], getattr(whole, name)[:first_copy + 3]), name
+
+    fabric = build_fabric(mini, model=model)
+    a = simulate(whole, fabric)
+    keep = lazy.leading_trace_messages()
+    b = simulate(lazy, fabric, record_deliveries=keep, drop_engine_inputs=True)
+    assert lazy.msg_filled and lazy.msg_src.shape[0] == keep  # cut to the trace's own, those filled
+    assert (lazy.num_messages, lazy.message_bytes) == (whole.num_messages, whole.message_bytes)
+    for name in ("op_end_ps", "link_bytes", "link_busy_ps"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert np.array_equal(b.msg_delivered_ps, a.msg_delivered_ps[:keep])
+    assert all(a.message(m) == b.message(m) for m in range(0, whole.num_messages, 5))
+
+    # Whatever reads every row fills them first: the reference engine, and fill_messages() itself.
+    again = lower(trace, mini, fill_messages=False)
+    r = simulate(again, fabric, native=False)
+    assert again.msg_filled and np.array_equal(r.op_end_ps, a.op_end_ps)
+    for name in Lowered.COPIED_MSG_COLUMNS:
+        assert np.array_equal(getattr(again, name), getattr(whole, name)), name

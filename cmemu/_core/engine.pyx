@@ -1265,6 +1265,8 @@ cdef class Engine:
             rows = np.stack([lo, np.array([row_of[t] for t in tpl.tolist()], dtype=np.int64), shift], axis=1)
             seg_of = np.repeat(np.arange(len(segs), dtype=np.uint16), count)
             self.owns_messages = True
+        else:
+            L.fill_messages()  # the columns are the table: every row is read
         self.tab_src, self.tab_dst, self.tab_bytes = table["msg_src"], table["msg_dst"], table["msg_bytes"]
         self.tab_kind, self.tab_path = table["msg_kind"], table["msg_path"]
         self.tab_send, self.tab_recv = table["msg_send_op"], table["msg_recv_op"]

@@ -47,6 +47,7 @@ class _Packet:
 class Engine:
     def __init__(self, lowered, fabric, bin_ps=0, record_packets=False, record_deliveries=-1):
         L, F = lowered, fabric
+        L.fill_messages()  # it reads every message's row
         self.n_ops = int(L.op_kind.shape[0])
         self.op_kind = L.op_kind.tolist()
         self.op_dur_ps = L.op_dur_ps.tolist()

@@ -87,16 +87,42 @@ class Lowered:
     # Set when the msg_* columns were cut to the trace's own messages (drop_engine_messages):
     # (messages, their bytes) of the whole run; -1: the columns are whole.
     msg_total: tuple = (-1, -1)
+    # False: the rows of the messages that repeat a template (msg_segments) hold only their send
+    # and receive ops; their other columns (COPIED_MSG_COLUMNS) are filled by fill_messages(), which
+    # whatever reads them calls first. lower(fill_messages=False) leaves them so for an engine
+    # that reads only the templates and then drops the columns (run_trace), without writing
+    # them (0.8 GB of the 61-layer decode step).
+    msg_filled: bool = True
 
     @property
     def num_ops(self) -> int:
         return int(self.op_kind.shape[0])
+
+    # The msg_* columns a template's copies take from it as they are (the send and receive ops
+    # are the template's plus the segment's op shift, and are always filled).
+    COPIED_MSG_COLUMNS = ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path")
+
+    def fill_messages(self, upto: int | None = None) -> None:
+        """Fill the copied columns of the messages that repeat a template (see msg_filled): all
+        of them, or those of the first ``upto`` messages."""
+        if self.msg_filled:
+            return
+        segs = self.msg_segments
+        end = self.msg_send_op.shape[0] if upto is None else min(int(upto), self.msg_send_op.shape[0])
+        for lo, count, tpl, _ in segs[(segs[:, 2] != segs[:, 0]) & (segs[:, 0] < end)].tolist():
+            k = min(count, end - lo)
+            for name in self.COPIED_MSG_COLUMNS:
+                column = getattr(self, name)
+                column[lo:lo + k] = column[tpl:tpl + k]
+        if upto is None or end == self.msg_send_op.shape[0]:
+            self.msg_filled = True
 
     def trace_view(self) -> tuple["Lowered", np.ndarray]:
         """The same, cut down to the trace's own ops and the messages between them (what the
         timeline's /ops and /messages hold); also returns the mask of kept messages (of the
         msg_* columns: after drop_engine_messages, of the trace's own messages)."""
         nt = self.num_trace_ops
+        self.fill_messages()
         if nt == self.num_ops:
             return self, np.ones(self.msg_send_op.shape[0], dtype=bool)
         # 0 <= op < nt, both ends, as one unsigned comparison each (-1 is above any op count).
@@ -166,7 +192,15 @@ class Lowered:
     @property
     def message_bytes(self) -> int:
         """Bytes of all the messages."""
-        return int(self.msg_bytes.sum()) if self.msg_total[0] < 0 else self.msg_total[1]
+        if self.msg_total[0] >= 0:
+            return self.msg_total[1]
+        if self.msg_filled:
+            return int(self.msg_bytes.sum())
+        # A copy's bytes are its template's: each template summed once, counted per copy.
+        segs = self.msg_segments
+        own = segs[segs[:, 2] == segs[:, 0]]
+        of = {lo: int(self.msg_bytes[lo:lo + count].sum()) for lo, count in own[:, :2].tolist()}
+        return sum(of[tpl] for tpl in segs[:, 2].tolist())
 
     def drop_engine_messages(self) -> None:
         """Cut the msg_* columns to the trace's own messages (leading_trace_messages) once an
@@ -176,10 +210,12 @@ class Lowered:
             return
         keep = self.leading_trace_messages()
         total = (self.num_messages, self.message_bytes)
+        self.fill_messages(keep)
         for name in MSG_COLUMNS:
             setattr(self, name, getattr(self, name)[:keep].copy())
         self.msg_total = total
         self.msg_segments = None
+        self.msg_filled = True
 
 
 
@@ -267,8 +303,9 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     return cols, rows, list(map(attrgetter("name"), nodes))
 
 
-def lower(trace, topo: Topology) -> Lowered:
-    """Lower a validated trace (``cmemu.trace.Trace``) onto a topology."""
+def lower(trace, topo: Topology, fill_messages: bool = True) -> Lowered:
+    """Lower a validated trace (``cmemu.trace.Trace``) onto a topology. ``fill_messages``
+    False: the copies of a template's messages are left unfilled (``Lowered.msg_filled``)."""
     from cmemu.lower.builder import OP_DEFAULTS, Block, assemble, edge_block
     from cmemu.lower.collectives import collective_blocks
 
@@ -292,7 +329,7 @@ def lower(trace, topo: Topology) -> Lowered:
     del head, src, dst, to
     dies = topo.num_dies
     lowered = assemble(parts, names, dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores),
-                       num_trace_ops=n)
+                       num_trace_ops=n, fill_copies=fill_messages)
     lowered.die_hbm_byte_per_s = np.full(dies, hbm_capacity_byte_per_s(die), dtype=np.int64)
     if pipe_op.size:
         lowered.pipe_task_op = pipe_op.astype(np.int32)

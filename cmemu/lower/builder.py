@@ -238,11 +238,12 @@ def _edge_spans(parts):
     return [(lo, block, members, at) for lo, _, block, members, at in spans]
 
 
-def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: int):
+def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: int, fill_copies: bool = True):
     """The engine's arrays (``Lowered``) of blocks laid one after the other: ``parts`` is a list
     of (block, members), members None for a block placed as it is (and emptied: a block is
     dropped once placed for the last time). The arrays are allocated at their final size and
-    filled block by block."""
+    filled block by block; with ``fill_copies`` False, the messages of a block placed again but
+    their send and receive ops are not written (``Lowered.msg_filled``)."""
     from cmemu.lower import Lowered
     from cmemu.lower.passes import name_messages, predecessor_counts, successor_csr
 
@@ -261,9 +262,11 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
     while parts:
         block, members = parts.pop()
         op_hi, msg_hi, edge_hi = op_lo + block.n_ops, msg_lo + block.n_messages, edge_lo + block.n_edges
+        copy = False
         if block.n_messages:
             first = getattr(block, "first_placed", None)
-            if first is not None and block.moves_messages():
+            copy = first is not None and block.moves_messages()
+            if copy:
                 segments.append((msg_lo, block.n_messages, first[0], op_lo - first[1]))
             else:
                 segments.append((msg_lo, block.n_messages, msg_lo, 0))
@@ -279,7 +282,7 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         for name, col in msgs.items():
             if name in ("msg_send_op", "msg_recv_op"):
                 block.place(name, col[msg_lo:msg_hi], op_lo, members)
-            else:
+            elif fill_copies or not copy:
                 col[msg_lo:msg_hi] = block.messages[name]
         if spans is None:
             block.place("src", src[edge_lo:edge_hi], op_lo, members)
@@ -340,4 +343,5 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         op_report_start=report,
         num_trace_ops=num_trace_ops,
         msg_segments=np.array(segments, dtype=np.int64).reshape(-1, 4),
+        msg_filled=fill_copies or all(lo == tpl for lo, _, tpl, _ in segments),
     )
