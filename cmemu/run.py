@@ -5,6 +5,7 @@ of events so that long runs can report progress without any Python call per even
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -312,7 +313,7 @@ class RunResult:
     link_busy_ps: np.ndarray
     events: int
     max_pending_events: int
-    wall_time_s: float
+    wall_time_s: float  # until the results were whole (run_trace: the writing aside, as it can be)
     native: bool
     # Optional records, None until a model produces them (docs/timeline-format.md, v2):
     # tasks: per pipe/engine task columns (cmemu.output.schema.TASK_FIELDS), written to /tasks;
@@ -642,14 +643,26 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     )
     del engine  # with record_packets, its copy of the records
     check_invariants(full)
-    result = trace_result(full, pipe_intervals)
+    result, hbm = trace_result_hbm_later(full, pipe_intervals)
     del full, lowered, fabric  # the whole lowering: the result keeps its view of the trace's ops
-    result.wall_time_s = time.perf_counter() - t0
-    if output is not None:
-        from cmemu.output.hdf5 import write_timeline
+    if output is None:
+        result = with_hbm_series(result, hbm.result())
+        result.wall_time_s = time.perf_counter() - t0
+        return result
+    from cmemu.output.hdf5 import write_timeline
 
-        write_timeline(output, result, compression=compression, detail=detail)
-    return result
+    # The file's other groups are written while the HBM series are still being worked out; the
+    # run's wall time is to when they are done (its results whole), the writing aside.
+    done = []
+
+    def whole():
+        done.append(with_hbm_series(result, hbm.result()))
+        done[0].wall_time_s = time.perf_counter() - t0
+        return done[0]
+
+    result.wall_time_s = time.perf_counter() - t0
+    write_timeline(output, result, compression=compression, detail=detail, hbm_later=whole)
+    return done[0]
 
 
 def _check_file_size(path: Path, limit: int) -> None:
@@ -907,18 +920,29 @@ def trace_result(full: RunResult, pipe_intervals: int | None = None) -> RunResul
     The COMP ops' pipe intervals are ``full.pipe_tasks`` when given, else made here
     (``pipe_interval_tasks``, at most ``pipe_intervals`` per op and pipe) after the collectives'
     internal steps, in the same arrays."""
-    import dataclasses
+    result, hbm = trace_result_hbm_later(full, pipe_intervals)
+    return with_hbm_series(result, hbm.result())
+
+
+def trace_result_hbm_later(full: RunResult, pipe_intervals: int | None = None):
+    """trace_result, with the HBM series still being worked out on another thread: (the result
+    without them, a Future of (hbm_series, hbm_stack_series)); ``with_hbm_series`` completes it.
+    The series take 1.5 s of the 61-layer decode step, most of it in kernels that let go of the
+    GIL: the rest of the results, and the timeline's other groups, are made meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1, thread_name_prefix="cmemu-hbm-series") as pool:
-        # The HBM series on the other core (its kernels and most of its numpy let go of the
-        # GIL): 1.5 s of the 61-layer decode step's 2.5 s here.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="cmemu-hbm-series")
+    try:
         hbm = pool.submit(_hbm_series, full)
-        try:
-            rest = _trace_result_rest(full, pipe_intervals)
-        finally:
-            hbm_die, hbm_stack = hbm.result()
-    return dataclasses.replace(full, hbm_series=hbm_die, hbm_stack_series=hbm_stack, **rest)
+    finally:
+        pool.shutdown(wait=False)  # its thread ends with the job
+    rest = _trace_result_rest(full, pipe_intervals)
+    return dataclasses.replace(full, hbm_series=None, hbm_stack_series=None, **rest), hbm
+
+
+def with_hbm_series(result: RunResult, series: tuple) -> RunResult:
+    """The result with its HBM series (trace_result_hbm_later's Future, once done)."""
+    return dataclasses.replace(result, hbm_series=series[0], hbm_stack_series=series[1])
 
 
 def _trace_result_rest(full: RunResult, pipe_intervals: int | None) -> dict:

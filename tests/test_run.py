@@ -223,6 +223,32 @@ def test_determinism_identical_datasets(tmp_path):
         np.testing.assert_array_equal(da[k], db[k], err_msg=k)
 
 
+def test_timeline_written_while_the_hbm_series_are_made(tmp_path):
+    """run_trace writes the file's other groups while the HBM series are worked out
+    (write_timeline's hbm_later): the same file as the whole result written at once, and the
+    result it returns is whole."""
+    import dataclasses
+
+    from cmemu.output.hdf5 import write_timeline
+
+    trace = TRACES / "mini_moe_layer.json"
+    run = run_trace(trace, output=tmp_path / "run.h5", progress=False)
+    assert run.hbm_series is not None and run.hbm_stack_series is not None and run.wall_time_s > 0
+    write_timeline(tmp_path / "whole.h5", run)
+    calls = []
+    lacking = dataclasses.replace(run, hbm_series=None, hbm_stack_series=None, wall_time_s=-1.0)
+    write_timeline(tmp_path / "later.h5", lacking, hbm_later=lambda: calls.append(1) or run)
+    assert calls == [1]
+    files = {name: _datasets(tmp_path / f"{name}.h5") for name in ("run", "whole", "later")}
+    assert "dies/hbm_binned/bytes" in files["run"] and "dies/hbm_stack_binned/bytes" in files["run"]
+    for name in ("whole", "later"):
+        assert files[name].keys() == files["run"].keys()
+        for k in files["run"]:
+            np.testing.assert_array_equal(files[name][k], files["run"][k], err_msg=f"{name}: {k}")
+    with h5py.File(tmp_path / "later.h5") as f:
+        assert f.attrs["wall_time_s"] == run.wall_time_s  # the whole result's, not the first one's
+
+
 def test_native_and_reference_give_the_same_timeline(tmp_path):
     nodes = [comp(0, 0, 10), send(1, 0, 17, 20_000), recv(2, 17, 0, 20_000), send(3, 5, 17, 9000, tag=1),
              recv(4, 17, 5, 9000, tag=1, stream=1), comp(5, 17, 3, deps=[2, 4])]

@@ -151,15 +151,22 @@ class _Writer:
         return ds
 
 
-def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks") -> Path:
-    """Write a RunResult to ``path`` (atomically: temporary file, then rename)."""
+def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks", hbm_later=None) -> Path:
+    """Write a RunResult to ``path`` (atomically: temporary file, then rename).
+
+    ``hbm_later``: a function giving the whole result, ``result`` lacking its HBM series (and
+    wall time) until then (``run.trace_result_hbm_later``): called once the rest is written."""
     check_detail(detail)
     w = _Writer(compression)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with h5py.File(tmp, "w") as f:
-            _write(f, result, w, detail)
+            _write(f, result, w, detail, hbm=hbm_later is None)
+            if hbm_later is not None:
+                result = hbm_later()
+                f.attrs["wall_time_s"] = float(result.wall_time_s)
+                _write_hbm(f["dies"], result, w)
             w.flush()
         os.replace(tmp, path)
     except BaseException:
@@ -170,7 +177,7 @@ def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks
     return path
 
 
-def _write(f: h5py.File, r, w: _Writer, detail: str) -> None:
+def _write(f: h5py.File, r, w: _Writer, detail: str, hbm: bool = True) -> None:
     L, topo, trace = r.lowered, r.topology, r.trace
     spec = r.spec.to_dict()
     f.attrs["format"] = TIMELINE_FORMAT
@@ -223,7 +230,7 @@ def _write(f: h5py.File, r, w: _Writer, detail: str) -> None:
     if series is not None:
         _write_link_series(links, series, r, w)
 
-    _write_dies(f, r, spec, w)
+    _write_dies(f, r, spec, w, hbm)
     _write_tasks(f, r, w, detail)
     _write_moe_pairs(f, r, w)
     if detail == "packets":
@@ -275,7 +282,7 @@ def _write_packets(f, r, w: _Writer) -> None:
     w.dataset(g, "type", cols["type"], dtype=PACKET_TYPE_ENUM, order=order)
 
 
-def _write_dies(f, r, spec, w: _Writer) -> None:
+def _write_dies(f, r, spec, w: _Writer, hbm: bool = True) -> None:
     L = r.lowered
     ops = {"rank": L.op_rank, "type": L.op_type, "start_ps": r.op_start_ps, "end_ps": r.op_end_ps,
            "bytes": L.op_bytes}
@@ -297,12 +304,17 @@ def _write_dies(f, r, spec, w: _Writer) -> None:
     w.dataset(g, "bytes_received", s["bytes_received"], unit="B", doc="payload of messages the die received")
     w.dataset(g, "hbm_read_bytes", s["hbm_read_bytes"], unit="B", doc="bytes of MEM_LOAD ops (COMP operands not included)")
     w.dataset(g, "hbm_write_bytes", s["hbm_write_bytes"], unit="B", doc="bytes of MEM_STORE ops (COMP results not included)")
+    if hbm:
+        _write_hbm(g, r, w)
+
+
+def _write_hbm(dies, r, w: _Writer) -> None:
     series = getattr(r, "hbm_series", None)
     if series is not None:
-        _write_hbm_series(g, series, r, w)
+        _write_hbm_series(dies, series, r, w)
         stacks = getattr(r, "hbm_stack_series", None)
         if stacks is not None:
-            _write_hbm_stack_series(g, stacks, series, r, w)
+            _write_hbm_stack_series(dies, stacks, series, r, w)
 
 
 def _write_hbm_series(dies, series, r, w: _Writer) -> None:
