@@ -2,10 +2,11 @@
 and the engine's set-up from the lowered arrays (op_message_lists, hbm_sharing).
 
 Budget: all of it for the 61-layer EP320 step in <= 10 s, so that the step's 60 s are the
-engine's (measured: 7.8 s, of it read 1.6, load 2.9, lower 2.8, set-up 0.5; about 1.5 s of the
-lowering is the first touch of its 2.9 GB of new arrays, which varies on the development VM
-with what the machine did just before). Numpy's arrays are in small pages, as run_trace has
-them (``cmemu.run.small_pages``).
+engine's (measured: 7.1 s, of it read 1.6, load 2.8, lower 2.2, set-up 0.5; much of the
+lowering is the first touch of its 1.9 GB of new arrays, which varies on the development VM
+with what the machine did just before). The lowering is run_trace's for the native engine
+(``lower(fill_messages=False)``: the copies of a collective's messages are not written). Numpy's
+arrays are in small pages, as run_trace has them (``cmemu.run.small_pages``).
 
 Each measurement runs in a child process (its peak memory is its own): read_trace, load_trace,
 lower, then the two set-up helpers, with wall time, peak RSS, the RSS still held after lowering
@@ -60,7 +61,7 @@ trace = load_trace(sys.argv[1], num_ranks=spec.dies, read=read)
 del read  # freeing the parsed document is part of loading (as in run_trace)
 t2 = time.perf_counter()
 high[0] = 0
-lowered = lower(trace, topo)
+lowered = lower(trace, topo, fill_messages=False)  # as run_trace lowers for the native engine
 t3 = time.perf_counter()
 time.sleep(0.02)
 lower_above_gb = (high[0] - proc.memory_info().rss) / 1e9
