@@ -283,7 +283,7 @@ def check_clock_range(lowered: Lowered, fabric) -> None:
     total = float(L.op_dur_ps.sum(dtype=np.float64)) + float(L.op_lat_ps.sum(dtype=np.float64))
     if L.num_messages:
         # Packets: at most one more per message than its bytes over the smallest MTU.
-        payload = float(L.message_bytes)
+        payload = float(L.bytes_sum(np.float64))
         packets = payload / float(F.path_mtu_byte.min()) + L.num_messages
         wire = payload + packets * float(F.path_header_byte.max() + F.path_flit_byte.max())
         hops = 2 * 4  # a read's request and response, at most four links each
@@ -652,15 +652,17 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     from cmemu.output.hdf5 import write_timeline
 
     # The file's other groups are written while the HBM series are still being worked out; the
-    # run's wall time is to when they are done (its results whole), the writing aside.
+    # run's wall time is to when they were done (its results whole), the writing aside.
+    built = time.perf_counter()
     done = []
 
     def whole():
-        done.append(with_hbm_series(result, hbm.result()))
-        done[0].wall_time_s = time.perf_counter() - t0
+        series = hbm.result()
+        done.append(with_hbm_series(result, series))
+        done[0].wall_time_s = max(built, series[2]) - t0
         return done[0]
 
-    result.wall_time_s = time.perf_counter() - t0
+    result.wall_time_s = built - t0
     write_timeline(output, result, compression=compression, detail=detail, hbm_later=whole)
     return done[0]
 
@@ -926,14 +928,18 @@ def trace_result(full: RunResult, pipe_intervals: int | None = None) -> RunResul
 
 def trace_result_hbm_later(full: RunResult, pipe_intervals: int | None = None):
     """trace_result, with the HBM series still being worked out on another thread: (the result
-    without them, a Future of (hbm_series, hbm_stack_series)); ``with_hbm_series`` completes it.
+    without them, a Future of (hbm_series, hbm_stack_series, time.perf_counter() when they were
+    done)); ``with_hbm_series`` completes it.
     The series take 1.5 s of the 61-layer decode step, most of it in kernels that let go of the
     GIL: the rest of the results, and the timeline's other groups, are made meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
+    def series():
+        return (*_hbm_series(full), time.perf_counter())
+
     pool = ThreadPoolExecutor(1, thread_name_prefix="cmemu-hbm-series")
     try:
-        hbm = pool.submit(_hbm_series, full)
+        hbm = pool.submit(series)
     finally:
         pool.shutdown(wait=False)  # its thread ends with the job
     rest = _trace_result_rest(full, pipe_intervals)
@@ -941,7 +947,7 @@ def trace_result_hbm_later(full: RunResult, pipe_intervals: int | None = None):
 
 
 def with_hbm_series(result: RunResult, series: tuple) -> RunResult:
-    """The result with its HBM series (trace_result_hbm_later's Future, once done)."""
+    """The result with its HBM series (trace_result_hbm_later's Future's result)."""
     return dataclasses.replace(result, hbm_series=series[0], hbm_stack_series=series[1])
 
 

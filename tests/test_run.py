@@ -323,3 +323,22 @@ def test_a_trace_without_nodes_runs(tmp_path):
     path.write_text(json.dumps({"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "mini"}) + "\n")
     r = run_trace(path, progress=False, output=tmp_path / "e.h5")
     assert r.sim_end_ps == 0 and r.lowered.num_ops == 0
+
+
+def test_clock_range_sums_the_bytes_in_floats(tmp_path):
+    """check_clock_range refuses a run whose worst case passes the engine's clock; its byte sum
+    is in floats, which a sum in int64 would wrap (1,024 messages of 2**53 B sum to 2**63)."""
+    import dataclasses
+
+    from cmemu.lower import lower
+    from cmemu.run import check_clock_range
+    from cmemu.trace import load_trace
+
+    nodes = [n for i in range(1024) for n in (send(2 * i, 0, 17, 1000, tag=i), recv(2 * i + 1, 17, 0, 1000, tag=i))]
+    mini = build_topology(load_system("mini"))
+    lowered = lower(load_trace(write_trace(tmp_path, nodes), mini.num_dies), mini)
+    check_clock_range(lowered, build_fabric(mini))  # 1 MB: far from it
+    huge = dataclasses.replace(lowered, msg_bytes=np.full(lowered.num_messages, 2**53, dtype=np.int64))
+    assert huge.msg_bytes.sum() < 0 and huge.bytes_sum(np.float64) == 2.0**63
+    with pytest.raises(SimulationError, match="days of simulated time"):
+        check_clock_range(huge, build_fabric(mini))

@@ -192,15 +192,18 @@ class Lowered:
     @property
     def message_bytes(self) -> int:
         """Bytes of all the messages."""
-        if self.msg_total[0] >= 0:
-            return self.msg_total[1]
+        return self.msg_total[1] if self.msg_total[0] >= 0 else int(self.bytes_sum(np.int64))
+
+    def bytes_sum(self, dtype):
+        """The messages' bytes summed in ``dtype`` (float64: no overflow, as check_clock_range
+        needs), with the columns whole; of unfilled copies (msg_filled), their templates'."""
         if self.msg_filled:
-            return int(self.msg_bytes.sum())
+            return self.msg_bytes.sum(dtype=dtype)
         # A copy's bytes are its template's: each template summed once, counted per copy.
         segs = self.msg_segments
         own = segs[segs[:, 2] == segs[:, 0]]
-        of = {lo: int(self.msg_bytes[lo:lo + count].sum()) for lo, count in own[:, :2].tolist()}
-        return sum(of[tpl] for tpl in segs[:, 2].tolist())
+        of = {lo: self.msg_bytes[lo:lo + count].sum(dtype=dtype) for lo, count in own[:, :2].tolist()}
+        return np.sum([of[tpl] for tpl in segs[:, 2].tolist()], dtype=dtype)
 
     def drop_engine_messages(self) -> None:
         """Cut the msg_* columns to the trace's own messages (leading_trace_messages) once an
