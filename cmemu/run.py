@@ -654,17 +654,18 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     # The file's other groups are written while the HBM series are still being worked out; the
     # run's wall time is to when they were done (its results whole), the writing aside.
     built = time.perf_counter()
-    done = []
-
-    def whole():
-        series = hbm.result()
-        done.append(with_hbm_series(result, series))
-        done[0].wall_time_s = max(built, series[2]) - t0
-        return done[0]
-
     result.wall_time_s = built - t0
-    write_timeline(output, result, compression=compression, detail=detail, hbm_later=whole)
-    return done[0]
+    whole = result
+
+    def complete():
+        nonlocal whole
+        series = hbm.result()
+        whole = with_hbm_series(result, series)
+        whole.wall_time_s = max(built, series[2]) - t0
+        return whole
+
+    write_timeline(output, result, compression=compression, detail=detail, hbm_later=complete)
+    return whole
 
 
 def _check_file_size(path: Path, limit: int) -> None:
