@@ -291,7 +291,10 @@ def check_clock_range(lowered: Lowered, fabric) -> None:
         total += hops * wire * 1e12 / slowest
         per_packet = hops * float(F.link_latency_ps.max()) + float(F.ep_issue_ps.max())
         per_packet += float(F.ep_write_latency_ps.max() + F.ep_read_latency_ps.max())
-        total += packets * per_packet + L.num_messages * float(F.ep_startup_ps.max())
+        startup = float(F.ep_startup_ps.max()) + float(F.ini_msg_startup_ps.max())
+        # An AIV's own work before a message (msg_prep) is counted once per message too.
+        prep = float(L.msg_prep.max()) if L.msg_prep.size else 0.0
+        total += packets * per_packet + L.num_messages * (startup + prep)
     if total > CLOCK_LIMIT_PS:
         raise SimulationError(
             f"the trace's ops and transfers add up to {total / 86400e12:,.0f} days of simulated "

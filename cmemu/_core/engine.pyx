@@ -170,6 +170,7 @@ cdef struct Packet:
     uint8_t vl
     uint8_t plane
     int32_t uplink
+    int32_t iseq      # an AIV initiator's message number (aiv_done)
 
 
 cdef struct PacketRecord:
@@ -235,6 +236,9 @@ cdef enum:
     WHEEL_MASK = (1 << 14) - 1
     WHEEL_KEEP = 64  # events a drained bucket keeps room for
     RING = 16  # time bins a link's counters keep open
+    AIV_RING = 32  # cmemu.lower.fabric.AIV_MESSAGES_IN_FLIGHT
+    FLOW_AFTER_MASK = 0x07  # cmemu.lower.comm
+    FLOW_BASE = 0x10
 
 
 cdef int ev_cmp(const void* a, const void* b) noexcept nogil:
@@ -328,6 +332,9 @@ cdef class Engine:
     cdef const uint8_t[::1] tab_path
     cdef const int32_t[::1] tab_send
     cdef const int32_t[::1] tab_recv
+    cdef const uint16_t[::1] tab_ini   # the initiator that issues it (an endpoint, or an AIV)
+    cdef const int32_t[::1] tab_prep   # an AIV's work before it, ps (cmemu.lower.comm)
+    cdef const uint8_t[::1] tab_flow   # which earlier message of its AIV it waits for
     cdef const uint16_t[::1] mseg
     cdef Seg* segs
     cdef int64_t n_msgs
@@ -351,7 +358,20 @@ cdef class Engine:
     cdef const int64_t[::1] ep_issue
     cdef const int32_t[::1] ep_node
     cdef RunQueue* epq  # per initiator, the messages it has to issue
-    cdef int64_t n_eps
+    cdef int64_t n_eps  # endpoints (dies, CPUs); initiators are those and then every die's AIVs
+    cdef int64_t n_ini
+    # AIV initiators (ini_tracked): an AIV issues its remote reads and writes one by one, as its
+    # kernel's waits allow (aiv_ready): per initiator the messages it issued (ini_seq), when its
+    # last FLOW_BASE message was issued (ini_base), the message it waits to see complete
+    # (ini_wait, -1: none), and per message in a ring of AIV_RING, its completion time so far
+    # (its latest ack, or read data back) and its packets not yet complete.
+    cdef const int64_t[::1] ini_msg_startup
+    cdef const uint8_t[::1] ini_tracked
+    cdef int64_t[::1] ini_seq
+    cdef int64_t[::1] ini_base
+    cdef int64_t[::1] ini_wait
+    cdef int64_t[::1] ring_t
+    cdef int32_t[::1] ring_left
     cdef int32_t[::1] ep_outstanding
     cdef int64_t[::1] ep_issue_free
     cdef int64_t[::1] ep_sink_free
@@ -529,6 +549,8 @@ cdef class Engine:
 
 
         n_eps = F.ep_node.shape[0]
+        n_ini = F.ep_startup_ps.shape[0]
+        self.n_ini = n_ini
         self.ep_startup = F.ep_startup_ps
         self.ep_write_lat = F.ep_write_latency_ps
         self.ep_read_lat = F.ep_read_latency_ps
@@ -537,21 +559,30 @@ cdef class Engine:
         self.ep_issue = F.ep_issue_ps
         self.ep_node = F.ep_node
         self.n_eps = n_eps
-        self.epq = <RunQueue*>calloc(max(n_eps, 1), sizeof(RunQueue))
+        self.epq = <RunQueue*>calloc(max(n_ini, 1), sizeof(RunQueue))
         if self.epq == NULL:
             raise MemoryError("initiator queues")
-        self.ep_outstanding = np.zeros(n_eps, dtype=np.int32)
-        self.ep_issue_free = np.zeros(n_eps, dtype=np.int64)
+        self.ep_outstanding = np.zeros(n_ini, dtype=np.int32)
+        self.ep_issue_free = np.zeros(n_ini, dtype=np.int64)
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
-        self.ep_wake_pending = np.zeros(n_eps, dtype=np.uint8)
-        self.ep_wake_at = np.zeros(n_eps, dtype=np.int64)
-        self.ack_heap = <int64_t**>malloc(max(n_eps, 1) * sizeof(int64_t*))
-        self.ack_len = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
-        self.ack_cap = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
-        self.ack_lo = <int64_t*>malloc(max(n_eps, 1) * sizeof(int64_t))
+        self.ep_wake_pending = np.zeros(n_ini, dtype=np.uint8)
+        self.ep_wake_at = np.zeros(n_ini, dtype=np.int64)
+        self.ini_msg_startup = F.ini_msg_startup_ps
+        self.ini_tracked = F.ini_tracked
+        if np.any(np.asarray(F.ini_tracked)[:n_eps]):
+            raise ValueError("an endpoint's own initiator cannot be an AIV's (cmemu.lower.fabric)")
+        self.ini_seq = np.zeros(n_ini, dtype=np.int64)
+        self.ini_base = np.zeros(n_ini, dtype=np.int64)
+        self.ini_wait = np.full(n_ini - n_eps, -1, dtype=np.int64)
+        self.ring_t = np.zeros((n_ini - n_eps) * AIV_RING, dtype=np.int64)
+        self.ring_left = np.zeros((n_ini - n_eps) * AIV_RING, dtype=np.int32)
+        self.ack_heap = <int64_t**>malloc(max(n_ini, 1) * sizeof(int64_t*))
+        self.ack_len = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
+        self.ack_cap = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
+        self.ack_lo = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
         if self.ack_heap == NULL or self.ack_len == NULL or self.ack_cap == NULL or self.ack_lo == NULL:
             raise MemoryError("ack heaps")
-        for i in range(n_eps):
+        for i in range(n_ini):
             self.ack_heap[i] = NULL
             self.ack_len[i] = 0
             self.ack_cap[i] = 0
@@ -702,7 +733,7 @@ cdef class Engine:
     def __dealloc__(self):
         cdef int64_t i
         if self.ack_heap != NULL:
-            for i in range(self.n_eps):
+            for i in range(self.n_ini):
                 free(self.ack_heap[i])
             free(self.ack_heap)
         free(self.ack_len)
@@ -716,7 +747,7 @@ cdef class Engine:
                 free(self.sk[i].cal)
             free(self.sk)
         if self.epq != NULL:
-            for i in range(self.n_eps):
+            for i in range(self.n_ini):
                 free(self.epq[i].buf)
             free(self.epq)
         free(self.ops)
@@ -754,11 +785,12 @@ cdef class Engine:
             self.lk[i].cal = NULL
             self.lk[i].cal_n = self.lk[i].cal_cap = 0
         for i in range(self.n_eps):
+            free(self.sk[i].cal)
+            self.sk[i].cal = NULL
+        for i in range(self.n_ini):
             free(self.epq[i].buf)
             self.epq[i].buf = NULL
             self.epq[i].n = self.epq[i].cap = 0
-            free(self.sk[i].cal)
-            self.sk[i].cal = NULL
             free(self.ack_heap[i])
             self.ack_heap[i] = NULL
             self.ack_len[i] = self.ack_cap[i] = self.ack_lo[i] = 0
@@ -1270,6 +1302,7 @@ cdef class Engine:
         self.tab_src, self.tab_dst, self.tab_bytes = table["msg_src"], table["msg_dst"], table["msg_bytes"]
         self.tab_kind, self.tab_path = table["msg_kind"], table["msg_path"]
         self.tab_send, self.tab_recv = table["msg_send_op"], table["msg_recv_op"]
+        self.tab_ini, self.tab_prep, self.tab_flow = table["msg_ini"], table["msg_prep"], table["msg_flow"]
         self.mseg = seg_of
         free(self.segs)
         self.segs = <Seg*>calloc(rows.shape[0], sizeof(Seg))
@@ -1832,7 +1865,7 @@ cdef class Engine:
         port's queue. It joins its op's run when it follows it there."""
         cdef int32_t msg = self.op_midx[i]
         cdef int64_t row = self.mrow(msg)
-        cdef int32_t ini = self.tab_src[row] if self.tab_kind[row] == MSG_WRITE else self.tab_dst[row]
+        cdef int32_t ini = self.tab_ini[row]
         cdef RunQueue* q = &self.epq[ini]
         cdef int64_t* grown
         cdef int64_t k, last
@@ -1925,7 +1958,7 @@ cdef class Engine:
         cdef int32_t m = self.pkts[p].msg, s, r, shift = self.segs[self.mseg[m]].shift
         if row < 0:
             row = self.mrow(m)
-        s, r = self.tab_src[row], self.tab_recv[row]
+        s, r = self.tab_ini[row], self.tab_recv[row]
         if r >= 0:
             r += shift
         if m < self.n_record and t > self.msg_delivered[m]:
@@ -1936,6 +1969,8 @@ cdef class Engine:
             self.deliver(m, t)
         t += ack if ack >= 0 else self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
         self.ack_push(s, t)
+        if self.ini_tracked[s]:
+            self.aiv_done(s, self.pkts[p].iseq, t)
         if self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
             self.wake_at(s, t)  # its initiator waits for a window slot
         r = self.tab_send[row]
@@ -2087,10 +2122,79 @@ cdef class Engine:
         while self.ack_len[ep] > 0 and self.ack_first(ep) <= self.now:
             self.ack_pop(ep)
 
+    cdef inline int64_t ring_base(self, int32_t ep) noexcept nogil:
+        return (ep - self.n_eps) * AIV_RING
+
+    cdef int64_t aiv_ready(self, int32_t ep, int64_t row, int32_t shift, int kind) except -2:
+        """When AIV initiator ep may issue the first packet of its next message (table row
+        ``row``), or -1 if not yet known or not yet due (a wake-up is then scheduled, or its
+        completion will wake it: aiv_done). Its kernel's own work before it (tab_prep) runs from
+        when its last FLOW_BASE message was issued (or its op started); a message with flow k
+        waits for the one k places before it to be complete; the AIV_RING-th message before must
+        be complete too (its ring slot is reused). Its MTE instruction then reaches the wire
+        ini_msg_startup later, after the packets it issued before. On the packet fabric it is
+        issued when due; on the message-level one up to the look-ahead before (its path is
+        reserved from then)."""
+        cdef int64_t s = self.ini_seq[ep], e, t, k, la
+        cdef int64_t r0 = self.ring_base(ep)
+        cdef int32_t op
+        if s >= AIV_RING and self.ring_left[r0 + s % AIV_RING] > 0:
+            self.ini_wait[ep - self.n_eps] = s - AIV_RING
+            return -1
+        op = (self.tab_send[row] if kind == MSG_WRITE else self.tab_recv[row]) + shift
+        t = self.ops[op].start + self.ep_startup[ep]
+        if self.ini_base[ep] > t:
+            t = self.ini_base[ep]
+        t += self.tab_prep[row]
+        k = self.tab_flow[row] & FLOW_AFTER_MASK
+        if k > 0 and s >= k:
+            e = r0 + (s - k) % AIV_RING
+            if self.ring_left[e] > 0:
+                self.ini_wait[ep - self.n_eps] = s - k
+                return -1
+            if self.ring_t[e] > t:
+                t = self.ring_t[e]
+        t += self.ini_msg_startup[ep]
+        if t < self.ep_issue_free[ep]:
+            t = self.ep_issue_free[ep]
+        if t < self.now:
+            t = self.now
+        la = self.lookahead if kind == MSG_WRITE else 0
+        if t > self.now + la:
+            self.wake_at(ep, t - la)
+            return -1
+        return t
+
+    cdef int64_t ini_start_issue(self, int32_t ep, int64_t row, int64_t t) except -1:
+        """AIV initiator ep issues its next message (table row ``row``) at t (aiv_ready), or at
+        its issue time if that is later: its number, its ring slot, its base."""
+        cdef int64_t e = self.ring_base(ep) + self.ini_seq[ep] % AIV_RING
+        if t < self.ep_issue_free[ep]:
+            t = self.ep_issue_free[ep]
+        self.ep_issue_free[ep] = t
+        self.ini_seq[ep] += 1
+        self.ring_t[e] = 0
+        self.ring_left[e] = <int32_t>self.epq[ep].npk
+        if self.tab_flow[row] & FLOW_BASE:
+            self.ini_base[ep] = t - self.ini_msg_startup[ep]
+        return t
+
+    cdef int aiv_done(self, int32_t ep, int32_t iseq, int64_t t) except -1:
+        """A packet of AIV initiator ep's message number iseq is complete at t (acked, or its read
+        data back): the message is, with its last; wake the AIV if it waits for it."""
+        cdef int64_t e = self.ring_base(ep) + iseq % AIV_RING
+        if t > self.ring_t[e]:
+            self.ring_t[e] = t
+        self.ring_left[e] -= 1
+        if self.ring_left[e] == 0 and self.ini_wait[ep - self.n_eps] == iseq:
+            self.ini_wait[ep - self.n_eps] = -1
+            self.wake_at(ep, self.ring_t[e] if self.ring_t[e] > self.now else self.now)
+        return 0
+
     cdef int inject(self, int32_t ep) except -1:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
         cdef int32_t m, p, first, s, d, op
-        cdef int64_t payload, idx, t, seq, row, nbytes, mtu
+        cdef int64_t payload, idx, t, seq, row, nbytes, mtu, t0
         cdef int path, kind
         cdef RunQueue* q = &self.epq[ep]
         self.collect_acks(ep)
@@ -2114,6 +2218,10 @@ cdef class Engine:
                     q.uplink = <int32_t>(idx // self.P)
             row = q.row
             kind = self.tab_kind[row]
+            if seq == 0 and self.ini_tracked[ep]:
+                t = self.aiv_ready(ep, row, q.shift, kind)
+                if t < 0:
+                    break  # it waits for an earlier message, or for its time (a wake-up is due)
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 # The window is full. On the message-level fabric a write's packet may take the
                 # slot of an ack due within the look-ahead, and leave no earlier than that ack.
@@ -2126,6 +2234,14 @@ cdef class Engine:
                 if self.ack_first(ep) > self.ep_issue_free[ep]:
                     self.ep_issue_free[ep] = self.ack_first(ep)
                 self.ack_pop(ep)
+            if self.ini_tracked[ep]:
+                if seq == 0:
+                    t = self.ini_start_issue(ep, row, t)
+                elif self.lookahead == 0 and self.ep_issue_free[ep] > self.now:
+                    # On the packet fabric a core's packet joins its port's queue when it is
+                    # issued, not before: there it would hold up the other cores' packets.
+                    self.wake_at(ep, self.ep_issue_free[ep])
+                    break
             path = self.tab_path[row]
             mtu = self.path_mtu[path]
             nbytes = self.tab_bytes[row]
@@ -2138,6 +2254,7 @@ cdef class Engine:
             self.pkts[p].seq = <int32_t>seq
             self.pkts[p].leg = 0
             self.pkts[p].hop = 0
+            self.pkts[p].iseq = <int32_t>(self.ini_seq[ep] - 1)
             self.pkts[p].in_link = -1
             self.pkts[p].vl = 0
             self.pkts[p].ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
@@ -2286,8 +2403,10 @@ cdef class Engine:
                 t += self.ep_write_lat[self.m_src(m)]
             self.push(t, EV_RESP_INJECT, p)
         else:  # read response, back at the initiator
-            d = self.m_dst(m)
+            d = self.tab_ini[self.mrow(m)]
             self.ep_outstanding[d] -= 1
+            if self.ini_tracked[d]:
+                self.aiv_done(d, self.pkts[p].iseq, self.now)
             self.packet_release(p)
             self.msg_left[m] -= 1
             if self.msg_left[m] == 0:

@@ -12,7 +12,9 @@ import numpy as np
 from cmemu.errors import DieFailedError, UnroutableError
 from cmemu._core import hbm_sharing, merge_link_series, op_message_lists
 
+from cmemu.lower.comm import FLOW_AFTER_MASK, FLOW_BASE
 from cmemu.lower.fabric import (
+    AIV_MESSAGES_IN_FLIGHT as AIV_RING,
     LB_SPRAY,
     MSG_ATOMIC,
     MSG_READ,
@@ -41,7 +43,8 @@ def serialisation_time_ps(nbytes: int, rate_byte_per_s: int) -> int:
 
 
 class _Packet:
-    __slots__ = ("ready", "msg", "payload", "wire", "link", "in_link", "hop", "seq", "leg", "ptype", "vl", "plane", "uplink")
+    __slots__ = ("ready", "msg", "payload", "wire", "link", "in_link", "hop", "seq", "leg", "ptype", "vl", "plane", "uplink",
+                 "iseq")
 
 
 class Engine:
@@ -95,6 +98,9 @@ class Engine:
         self.msg_hash = path_hashes(L.msg_src, L.msg_dst).tolist()
         self.msg_send_op = L.msg_send_op.tolist()
         self.msg_recv_op = L.msg_recv_op.tolist()
+        self.msg_ini = L.msg_ini.tolist()
+        self.msg_prep = L.msg_prep.tolist()
+        self.msg_flow = L.msg_flow.tolist()
         self.msg_seq = [0] * n_msgs
         npkts = np.maximum(1, -(-L.msg_bytes // F.path_mtu_byte[L.msg_path])).astype(np.int32)
         self.msg_npkts = npkts.tolist()
@@ -106,6 +112,8 @@ class Engine:
         self.messages_delivered = 0
 
         n_eps = int(F.ep_node.shape[0])
+        n_ini = int(F.ep_startup_ps.shape[0])
+        self.n_eps = n_eps
         self.ep_startup = F.ep_startup_ps.tolist()
         self.ep_write_lat = F.ep_write_latency_ps.tolist()
         self.ep_read_lat = F.ep_read_latency_ps.tolist()
@@ -113,14 +121,23 @@ class Engine:
         self.ep_max_out = F.ep_max_outstanding.tolist()
         self.ep_issue = F.ep_issue_ps.tolist()
         self.ep_node = F.ep_node.tolist()
-        self.ep_qhead = [-1] * n_eps
-        self.ep_qtail = [-1] * n_eps
-        self.ep_outstanding = [0] * n_eps
-        self.ep_issue_free = [0] * n_eps
+        self.ep_qhead = [-1] * n_ini
+        self.ep_qtail = [-1] * n_ini
+        self.ep_outstanding = [0] * n_ini
+        self.ep_issue_free = [0] * n_ini
         self.ep_sink_free = [0] * n_eps
-        self.ack_heap = [[] for _ in range(n_eps)]
-        self.ep_wake_pending = [False] * n_eps
-        self.ep_wake_at = [0] * n_eps
+        self.ack_heap = [[] for _ in range(n_ini)]
+        self.ep_wake_pending = [False] * n_ini
+        self.ep_wake_at = [0] * n_ini
+        # AIV initiators (the engine's aiv_ready / aiv_done): messages issued, the last base,
+        # the message waited for, and per message number its completion so far and packets left.
+        self.ini_msg_startup = F.ini_msg_startup_ps.tolist()
+        self.ini_tracked = F.ini_tracked.tolist()
+        self.ini_seq = [0] * n_ini
+        self.ini_base = [0] * n_ini
+        self.ini_wait = [-1] * n_ini
+        self.ring_t = [[0] * AIV_RING for _ in range(n_ini - n_eps)]
+        self.ring_left = [[0] * AIV_RING for _ in range(n_ini - n_eps)]
 
         self.path_mtu = F.path_mtu_byte.tolist()
         self.path_flit = F.path_flit_byte.tolist()
@@ -628,7 +645,7 @@ class Engine:
             self.push(self.op_tmax[op], EV_OP_DONE, op)
 
     def message_start(self, msg):
-        ini = self.msg_src[msg] if self.msg_kind[msg] == MSG_WRITE else self.msg_dst[msg]
+        ini = self.msg_ini[msg]
         self.msg_qnext[msg] = -1
         if self.ep_qtail[ini] < 0:
             self.ep_qhead[ini] = msg
@@ -660,12 +677,14 @@ class Engine:
     def write_absorbed(self, p, t):
         pk = self.pkts[p]
         m = pk.msg
-        s = self.msg_src[m]
+        s = self.msg_ini[m]
         self.msg_delivered[m] = max(self.msg_delivered[m], t)
         if self.msg_left[m] == 1:
             self.deliver(m, self.msg_delivered[m])
         t += self.ack_trip(m, pk.plane, pk.uplink)
         heapq.heappush(self.ack_heap[s], t)
+        if self.ini_tracked[s]:
+            self.aiv_done(s, pk.iseq, t)
         if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
             self.wake_at(s, t)
         self.ack_back(m, t)
@@ -728,12 +747,30 @@ class Engine:
             m = self.ep_qhead[ep]
             kind = self.msg_kind[m]
             h = self.ack_heap[ep]
+            tracked = self.ini_tracked[ep]
+            if tracked and self.msg_seq[m] == 0:
+                t = self.aiv_ready(ep, m)
+                if t < 0:
+                    break
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 if (self.lookahead == 0 or kind != MSG_WRITE or not h or len(h) != self.ep_outstanding[ep]
                         or h[0] > self.now + self.lookahead):
                     break
                 self.ep_issue_free[ep] = max(self.ep_issue_free[ep], heapq.heappop(h))
                 self.ep_outstanding[ep] -= 1
+            if tracked:
+                if self.msg_seq[m] == 0:
+                    t = max(t, self.ep_issue_free[ep])
+                    self.ep_issue_free[ep] = t
+                    r = self.ini_seq[ep] % AIV_RING
+                    self.ini_seq[ep] += 1
+                    self.ring_t[ep - self.n_eps][r] = 0
+                    self.ring_left[ep - self.n_eps][r] = self.msg_npkts[m]
+                    if self.msg_flow[m] & FLOW_BASE:
+                        self.ini_base[ep] = t - self.ini_msg_startup[ep]
+                elif self.lookahead == 0 and self.ep_issue_free[ep] > self.now:
+                    self.wake_at(ep, self.ep_issue_free[ep])
+                    break
             path = self.msg_path[m]
             payload = min(self.msg_bytes[m] - self.msg_seq[m] * self.path_mtu[path], self.path_mtu[path])
             p = self.packet_new()
@@ -743,6 +780,7 @@ class Engine:
             pk.seq = self.msg_seq[m]
             pk.leg = 0
             pk.hop = 0
+            pk.iseq = self.ini_seq[ep] - 1
             pk.in_link = -1
             pk.vl = 0
             pk.ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
@@ -769,6 +807,39 @@ class Engine:
             self.try_transmit(first)
         if self.ep_qhead[ep] >= 0 and self.ack_heap[ep]:
             self.wake_at(ep, self.ack_heap[ep][0])
+
+    def aiv_ready(self, ep, m):
+        """When AIV initiator ep may issue message m's first packet, or -1 (Engine.aiv_ready)."""
+        s = self.ini_seq[ep]
+        k0 = ep - self.n_eps
+        if s >= AIV_RING and self.ring_left[k0][s % AIV_RING] > 0:
+            self.ini_wait[ep] = s - AIV_RING
+            return -1
+        kind = self.msg_kind[m]
+        op = self.msg_send_op[m] if kind == MSG_WRITE else self.msg_recv_op[m]
+        t = max(self.op_start[op] + self.ep_startup[ep], self.ini_base[ep]) + self.msg_prep[m]
+        k = self.msg_flow[m] & FLOW_AFTER_MASK
+        if k > 0 and s >= k:
+            e = (s - k) % AIV_RING
+            if self.ring_left[k0][e] > 0:
+                self.ini_wait[ep] = s - k
+                return -1
+            t = max(t, self.ring_t[k0][e])
+        t = max(t + self.ini_msg_startup[ep], self.ep_issue_free[ep], self.now)
+        la = self.lookahead if kind == MSG_WRITE else 0
+        if t > self.now + la:
+            self.wake_at(ep, t - la)
+            return -1
+        return t
+
+    def aiv_done(self, ep, iseq, t):
+        k0 = ep - self.n_eps
+        e = iseq % AIV_RING
+        self.ring_t[k0][e] = max(self.ring_t[k0][e], t)
+        self.ring_left[k0][e] -= 1
+        if self.ring_left[k0][e] == 0 and self.ini_wait[ep] == iseq:
+            self.ini_wait[ep] = -1
+            self.wake_at(ep, max(self.ring_t[k0][e], self.now))
 
     def wake_at(self, ep, t):
         if not self.ep_wake_pending[ep] or t < self.ep_wake_at[ep]:
@@ -843,8 +914,10 @@ class Engine:
                 t += self.ep_write_lat[self.msg_src[m]]
             self.push(t, EV_RESP_INJECT, p)
         else:
-            d = self.msg_dst[m]
+            d = self.msg_ini[m]
             self.ep_outstanding[d] -= 1
+            if self.ini_tracked[d]:
+                self.aiv_done(d, pk.iseq, self.now)
             self.packet_release(p)
             self.msg_left[m] -= 1
             if self.msg_left[m] == 0:

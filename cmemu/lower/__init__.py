@@ -57,6 +57,9 @@ class Lowered:
     msg_path: np.ndarray  # uint8 [msgs]: fabric.PATH_UB / PATH_D2D / PATH_RDMA
     msg_send_op: np.ndarray  # int32 [msgs]: -1 if none
     msg_recv_op: np.ndarray  # int32 [msgs]: -1 if none
+    msg_ini: np.ndarray  # uint16 [msgs]: its initiator (cmemu.lower.comm: an endpoint, or an AIV's id)
+    msg_prep: np.ndarray  # int32 [msgs]: ps of its AIV's own work before it (cmemu.lower.comm)
+    msg_flow: np.ndarray  # uint8 [msgs]: how it waits for its AIV's earlier messages (cmemu.lower.comm)
     n_resources: int
     # Metadata for the timeline (not read by the engine).
     op_node_id: np.ndarray  # int64 [ops]
@@ -100,7 +103,7 @@ class Lowered:
 
     # The msg_* columns a template's copies take from it as they are (the send and receive ops
     # are the template's plus the segment's op shift, and are always filled).
-    COPIED_MSG_COLUMNS = ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path")
+    COPIED_MSG_COLUMNS = ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path", "msg_ini", "msg_prep", "msg_flow")
 
     def fill_messages(self, upto: int | None = None) -> None:
         """Fill the copied columns of the messages that repeat a template (see msg_filled): all

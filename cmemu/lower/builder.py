@@ -78,14 +78,17 @@ class OpBuilder:
             self._edges.append(src.size, {"src": src.ravel(), "dst": dst.ravel()})
 
     def messages_between(self, topo, src, dst, nbytes, send_op, recv_op, kind: int = MSG_WRITE,
-                         plane: str = "ub") -> None:
-        """Messages src[i] -> dst[i]; send_op/recv_op are op indices (or -1) that carry them."""
+                         plane: str = "ub", ini=None, prep=0, flow=0) -> None:
+        """Messages src[i] -> dst[i]; send_op/recv_op are op indices (or -1) that carry them;
+        ``ini``, ``prep``, ``flow``: their initiators and ordering (cmemu.lower.comm)."""
         src = np.atleast_1d(np.asarray(src, dtype=np.int64))
         n = src.size
         send_op = np.broadcast_to(np.asarray(send_op, dtype=np.int64), (n,))
         recv_op = np.broadcast_to(np.asarray(recv_op, dtype=np.int64), (n,))
         self.messages.add_many(topo, src, np.broadcast_to(dst, (n,)), np.broadcast_to(nbytes, (n,)),
-                               send_op, recv_op, kind=kind, plane=plane)
+                               send_op, recv_op, kind=kind, plane=plane, ini=ini,
+                               prep=np.broadcast_to(np.asarray(prep, dtype=np.int64), (n,)),
+                               flow=np.broadcast_to(np.asarray(flow, dtype=np.int64), (n,)))
 
     def block(self, members=None) -> "Block":
         """What was added, as a block (the builder is empty afterwards). With ``members``, the

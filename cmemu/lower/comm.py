@@ -14,11 +14,23 @@ from cmemu.lower.fabric import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC
 from cmemu.topology import Topology
 
 
-_COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op")
-# Stored as the engine reads them (22 B a message: a big lowering holds millions). Endpoints are
-# 16-bit ids (MAX_ENDPOINTS), op ids 32-bit.
+_COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op", "ini", "prep", "flow")
+# Stored as the engine reads them (29 B a message: a big lowering holds millions). Endpoints and
+# initiators are 16-bit ids (MAX_ENDPOINTS), op ids 32-bit.
+#
+# ``ini``: the initiator that issues the message: by default the die or CPU it leaves (a write) or
+# reaches (a read: the reader); a vector core's own id (cmemu.lower.fabric.aiv_initiator) for
+# the remote reads and writes an AIV's MTE2/MTE3 issues itself (AIV-Direct). ``prep`` and
+# ``flow`` order an AIV's stream of accesses as its kernel does (the engine reads them for AIV
+# initiators only): ``prep`` ps of the core's own work before the message may go (loading and
+# quantising a token), counted from when the last message marked FLOW_BASE before it was issued,
+# or from its op's start; ``flow`` & FLOW_AFTER_MASK = k > 0: it waits until the message k places
+# before it (of its initiator) is complete (acknowledged, or its read data back).
 _DTYPES = {"src": np.uint16, "dst": np.uint16, "nbytes": np.int64, "kind": np.uint8, "path": np.uint8,
-           "send_op": np.int32, "recv_op": np.int32}
+           "send_op": np.int32, "recv_op": np.int32, "ini": np.uint16, "prep": np.int32, "flow": np.uint8}
+FLOW_AFTER_MASK = 0x07  # 1..7: wait for the message that many places before, at the same initiator
+FLOW_BASE = 0x10  # later messages' prep counts from this one's issue
+MAX_PREP_PS = 2**31 - 1
 MAX_ENDPOINTS = 2**16
 # The same as Lowered's message arrays, in their order.
 MSG_COLUMNS = {f"msg_{'bytes' if c == 'nbytes' else c}": _DTYPES[c] for c in _COLUMNS}
@@ -117,15 +129,17 @@ class MessageTable:
             raise ValueError(f"a message from endpoint {src} to itself")
         _check_endpoints(np.array([src, dst]))
         path = int(message_paths(topo, src, dst, PLANES.index(plane)))
-        for c, v in zip(_COLUMNS, (src, dst, nbytes, kind, path, send_op, recv_op)):
+        ini = src if kind == MSG_WRITE else dst
+        for c, v in zip(_COLUMNS, (src, dst, nbytes, kind, path, send_op, recv_op, ini, 0, 0)):
             self._rows[c].append(int(v))
         self._n += 1
         return self._n - 1
 
     def add_many(self, topo: Topology, src, dst, nbytes, send_op, recv_op, kind: int = MSG_WRITE,
-                 plane="ub") -> None:
+                 plane="ub", ini=None, prep=0, flow=0) -> None:
         """Add many messages at once (arrays of equal length); the same rules as ``add``. ``plane``
-        is a plane's name, or per message a code of PLANES."""
+        is a plane's name, or per message a code of PLANES; ``ini``, ``prep`` and ``flow`` as the
+        columns say (ini None: the natural initiator)."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         if np.any(src == dst):
@@ -135,9 +149,17 @@ class MessageTable:
         path = message_paths(topo, src, dst, PLANES.index(plane) if isinstance(plane, str) else plane)
         n = src.size
         self._flush()
+        if ini is None:
+            ini = src if kind == MSG_WRITE else dst
+        else:
+            ini = np.broadcast_to(np.asarray(ini, dtype=np.int64), (n,))
+            _check_endpoints(ini)
+        prep = np.asarray(prep, dtype=np.int64)
+        if prep.size and (prep.min() < 0 or prep.max() > MAX_PREP_PS):
+            raise ValueError(f"a message's preparation time must be 0 to {MAX_PREP_PS:,} ps")
         # Op ids fit int32 (the engine's own type).
         self._append(n, {"src": src, "dst": dst, "path": path, "nbytes": nbytes, "kind": kind, "send_op": send_op,
-                         "recv_op": recv_op})
+                         "recv_op": recv_op, "ini": ini, "prep": prep, "flow": flow})
         self._n += n
 
     def arrays(self) -> dict:

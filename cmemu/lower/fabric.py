@@ -46,6 +46,17 @@ LB_SPRAY, LB_HASH = range(2)
 PATH_HASH_MULT = 0x9E3779B1
 
 
+# Messages an AIV initiator may have incomplete at once (the engine keeps their completion in a
+# ring of this many): more than the kernels ever leave in flight between their waits.
+AIV_MESSAGES_IN_FLIGHT = 32
+
+
+def aiv_initiator(topo: Topology, die, aiv):
+    """The initiator id of vector core ``aiv`` of ``die`` (ints or arrays): after every
+    endpoint's own (cmemu.lower.comm: 16-bit ids)."""
+    return topo.num_endpoints + np.asarray(die, dtype=np.int64) * topo.spec.die.aiv_cores + np.asarray(aiv)
+
+
 def path_hashes(src, dst) -> np.ndarray:
     """The path hash of every message (int64), from its endpoints and its number."""
     h = np.arange(len(src), dtype=np.uint64) * np.uint64(PATH_HASH_MULT)
@@ -73,12 +84,18 @@ class Fabric:
     num_voqs: int
     # Endpoints (dies, then CPUs).
     ep_node: np.ndarray  # int32 [E]
-    ep_startup_ps: np.ndarray  # int64 [E]
     ep_write_latency_ps: np.ndarray  # int64 [E]: as a target: data written to memory
     ep_read_latency_ps: np.ndarray  # int64 [E]: as a target: data read from memory
     ep_sink_byte_per_s: np.ndarray  # int64 [E]: rate writes are absorbed, 0 = not limiting
-    ep_max_outstanding: np.ndarray  # int32 [E]
-    ep_issue_ps: np.ndarray  # int64 [E * 2]: per-packet issue time, by message kind
+    # Initiators: the endpoints' own (a die's DMA, a CPU), then every die's vector cores
+    # (aiv_initiator), I = E + dies x aiv_per_die of them. An AIV's remote reads and writes are
+    # issued by its MTE2/MTE3 (AIV-Direct), not by the die's DMA engines.
+    ep_startup_ps: np.ndarray  # int64 [I]: from its op's start to its first packet
+    ep_max_outstanding: np.ndarray  # int32 [I]: packets in flight
+    ep_issue_ps: np.ndarray  # int64 [I * 2]: per-packet issue time, by message kind
+    ini_msg_startup_ps: np.ndarray  # int64 [I]: before each message's first packet (an AIV's; 0 for the rest)
+    ini_tracked: np.ndarray  # uint8 [I]: 1 for an AIV: its messages' prep and flow apply (cmemu.lower.comm)
+    aiv_per_die: int
     # Packet format, by path kind.
     path_mtu_byte: np.ndarray  # int64 [paths]
     path_flit_byte: np.ndarray  # int64 [paths]
@@ -187,9 +204,28 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
     ep_read = np.where(is_die, round(die.hbm_read_latency_cycles * cycle_ps), ns_to_ps(ub.cpu_memory_read_latency_ns))
     # A die absorbs writes into HBM at 1.6 TB/s, far above its 196 GB/s of UB: not limiting.
     ep_sink = np.where(is_die, 0, round(ub.cpu_memory_write_gbyte_per_s * 1e9)).astype(np.int64)
-    issue = np.empty(E * 2, dtype=np.int64)
-    issue[0::2] = ns_to_ps(ub.write_issue_ns)
-    issue[1::2] = ns_to_ps(ub.read_issue_ns)
+    # Initiators: the endpoints' own, then each die's AIVs (aiv_initiator).
+    A = die.aiv_cores
+    n_ini = E + topo.num_dies * A
+    if n_ini > 2**16:
+        raise ValueError(f"{n_ini:,} initiators (endpoints and every die's {A} AIVs): cmemu numbers them with "
+                         "16-bit ids, at most 65,536")
+    issue = np.empty(n_ini * 2, dtype=np.int64)
+    issue[0:2 * E:2] = ns_to_ps(ub.write_issue_ns)
+    issue[1:2 * E:2] = ns_to_ps(ub.read_issue_ns)
+    # An AIV puts a packet's payload out through its MTE3 (writes) and takes a read's data in
+    # through its MTE2: one MTU at the pipe's rate [INI], [CYC].
+    mtu = ub.transport_mtu_byte
+    issue[2 * E::2] = round(-(-mtu // die.mte3_byte_per_cycle) * cycle_ps)
+    issue[2 * E + 1::2] = round(-(-mtu // die.aiv_mte2_byte_per_cycle) * cycle_ps)
+    startup = np.full(n_ini, ns_to_ps(ub.initiator_startup_ns), dtype=np.int64)
+    startup[E:] = 0  # an AIV's start-up is per message (below), not per op
+    msg_startup = np.zeros(n_ini, dtype=np.int64)
+    msg_startup[E:] = ns_to_ps(spec.comm.aiv_remote_startup_ns)
+    max_out = np.full(n_ini, ub.max_outstanding_packets, dtype=np.int32)
+    max_out[E:] = spec.comm.aiv_max_outstanding_packets
+    tracked = np.zeros(n_ini, dtype=np.uint8)
+    tracked[E:] = 1
 
     ub_headers = [ub.header_write_byte, ub.header_read_request_byte, ub.header_read_response_byte, ub.header_ack_byte]
     headers = np.array(ub_headers + ub_headers + [spec.rdma.header_byte] * 4 + [spec.vpc.header_byte] * 4,
@@ -206,12 +242,15 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
         link_voq_slots=voq_slots,
         num_voqs=num_voqs,
         ep_node=ep_node,
-        ep_startup_ps=np.full(E, ns_to_ps(ub.initiator_startup_ns), dtype=np.int64),
         ep_write_latency_ps=ep_write.astype(np.int64),
         ep_read_latency_ps=ep_read.astype(np.int64),
         ep_sink_byte_per_s=ep_sink,
-        ep_max_outstanding=np.full(E, ub.max_outstanding_packets, dtype=np.int32),
+        ep_startup_ps=startup,
+        ep_max_outstanding=max_out,
         ep_issue_ps=issue,
+        ini_msg_startup_ps=msg_startup,
+        ini_tracked=tracked,
+        aiv_per_die=A,
         path_mtu_byte=np.array([ub.transport_mtu_byte, ub.transport_mtu_byte, spec.rdma.mtu_byte, spec.vpc.mtu_byte],
                                dtype=np.int64),
         path_flit_byte=np.array([ub.flit_byte, ub.flit_byte, 1, 1], dtype=np.int64),

@@ -149,6 +149,8 @@ class CommSpec:
     sdma_engine_gbyte_per_s: float
     flag_byte: int
     flag_poll_interval_ns: float
+    aiv_remote_startup_ns: float
+    aiv_max_outstanding_packets: int
     sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
 
     def __post_init__(self):
