@@ -259,11 +259,15 @@ def trace_gen():
               help="Zipf exponent of expert popularity (0: uniform).")
 @click.option("--layers", type=click.IntRange(1, 61), default=61, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--lm-head-tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Decode: dies that share the LM head's vocabulary (all-gather of the hidden states, then "
+                   "an all-to-all of the logits); 1: each die holds the whole head.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Trace file to write (.json, or .jsonl for one node per line).")
 @reports_errors
 def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse,
-                       micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, output):
+                       micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
+                       output):
     """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
     import json
 
@@ -281,7 +285,8 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
     else:
         cfg = DecodeConfig(ep=ep or min(320, spec.dies), tokens_per_die=tokens_per_die, kv_len=kv_len,
                            micro_batches=int(micro_batches), mtp=mtp, mtp_acceptance=mtp_acceptance, int8=int8,
-                           dispatch_engine=dispatch_engine or "aiv", skew=skew, layers=layers, seed=seed)
+                           dispatch_engine=dispatch_engine or "aiv", skew=skew, layers=layers, seed=seed,
+                           lm_head_tp=lm_head_tp)
         doc = decode_trace(cfg, spec.name, spec.dies)
         what = f"{cfg.tokens_per_die} tokens/die"
     tmp = output.with_name(f".{output.name}.tmp")

@@ -215,15 +215,17 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
                 writes = a["cmemu.tokens"] * a["cmemu.top_k"]
                 size = a.get("cmemu.payload_bytes", 2 * a["cmemu.hidden"])
                 if a.get("cmemu.engine", "aiv") == "aiv":
-                    # A load and a send per AIV batch (_moe_writes_aiv): each of the member's AIVs
-                    # takes as many tokens a batch as half its Unified Buffer holds (BF16, at most).
+                    # The fused kernels (cmemu/lower/moe.py): per AIV a stream of writes and its
+                    # tail, per token of a combine a receive and a sum, a flag per (token, k) of
+                    # a combine and per expert of a dispatch, the normal kernels' count exchange.
                     cores = a.get("cmemu.cores", spec.die.aiv_cores)
-                    per_batch = max(1, chunk // (2 * a["cmemu.hidden"]))
-                    batches = min(writes, cores * -(-writes // (cores * per_batch)))
+                    inner_ops += 4 * cores + 2 * a["cmemu.tokens"] + 16
+                    inner_edges += 4 * cores + 4 * a["cmemu.tokens"] + 16
+                    inner_messages += writes + max(a.get("cmemu.experts", g), 2 * g)
                 else:
                     batches = min(writes, g)  # SDMA: a descriptor per destination
-                inner_ops += 2 * batches + 8
-                inner_edges += 3 * batches + 8
+                    inner_ops += 2 * batches + 8
+                    inner_edges += 3 * batches + 8
             else:
                 pieces = max(1, -(-a.get("comm_size", 0) // chunk))
                 writes = 2 * g * pieces

@@ -15,7 +15,7 @@ from cmemu.topology import build_topology
 
 @pytest.fixture(scope="module")
 def mini():
-    topo = build_topology(load_system("mini", ["comm.aiv_remote_startup_ns=250"]))
+    topo = build_topology(load_system("mini", ["comm.aiv_remote_write_startup_ns=250", "comm.aiv_remote_read_startup_ns=250"]))
     return topo, build_fabric(topo), build_fabric(topo, model="message")
 
 

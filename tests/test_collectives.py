@@ -44,16 +44,19 @@ def test_dispatch_payload_is_the_padded_int8_token():
     assert dispatch_payload_byte(7168) == 7680
 
 
-def test_dispatch_messages_per_destination_by_hand(tmp_path):
+def test_sdma_dispatch_messages_per_destination_by_hand(tmp_path):
+    # On SDMA a member stages its pairs per destination and sends each destination one
+    # descriptor's write: all its pairs for that die, 7,680 B each (the padded INT8 token).
     ranks = [0, 2, 4, 6]
-    L, _ = lowered_of(tmp_path, coll_doc(ranks, ("dispatch", moe("MOE_DISPATCH", seed=3))))
+    L, _ = lowered_of(tmp_path, coll_doc(ranks, ("dispatch", moe("MOE_DISPATCH", seed=3, engine="sdma"))))
     routing = moe_routing(4, 2, 4, 4, 0.0, 3)  # [source, token, k] -> destination member
-    data = L.msg_bytes == 7680
+    data = L.msg_bytes % 7680 == 0
     for s in range(4):
         for d in range(4):
-            expected = 0 if s == d else int((routing[s] == d).sum())
-            got = int(np.sum(data & (L.msg_src == ranks[s]) & (L.msg_dst == ranks[d])))
-            assert got == expected, (s, d)
+            n = 0 if s == d else int((routing[s] == d).sum())
+            sel = data & (L.msg_src == ranks[s]) & (L.msg_dst == ranks[d])
+            assert int(L.msg_bytes[sel].sum()) == n * 7680, (s, d)
+            assert int(sel.sum()) == (1 if n else 0)
     # Every token goes to top_k distinct experts.
     assert all(len(set(tok)) == 2 for tok in routing.reshape(-1, 2).tolist())
     # One 32 B status flag from every member to every other.
@@ -79,7 +82,7 @@ def test_combine_sends_every_pair_back_to_its_source(tmp_path):
     attrs = moe("MOE_DISPATCH", tokens=6, top_k=3, seed=7, experts=10)
     back = dict(attrs, comm_type="MOE_COMBINE")
     L, _ = lowered_of(tmp_path, coll_doc(ranks, ("dispatch", attrs), ("combine", back)))
-    out = (L.msg_bytes == 7680)
+    out = (L.msg_bytes == 7212)  # a dispatch write: the INT8 token, its scale slot and (rank, token, k)
     ret = (L.msg_bytes == 2 * HIDDEN)
     for a in ranks:
         for b in ranks:
@@ -87,8 +90,10 @@ def test_combine_sends_every_pair_back_to_its_source(tmp_path):
                 there = int(np.sum(out & (L.msg_src == a) & (L.msg_dst == b)))
                 back_n = int(np.sum(ret & (L.msg_src == b) & (L.msg_dst == a)))
                 assert there == back_n, (a, b)
-    # 10 experts on 5 members: two status entries per destination.
-    assert set(L.msg_bytes[(L.msg_bytes != 7680) & (L.msg_bytes != 2 * HIDDEN)].tolist()) == {64}
+    # The status flags: dispatch, one per (source, expert on another member); combine, one per row.
+    flags = L.msg_bytes == 32
+    assert int(flags.sum()) == 5 * 8 + int(ret.sum())
+    assert set(L.msg_bytes[~(out | ret | flags)].tolist()) == set()
 
 
 def test_aiv_direct_occupies_vector_cores(tmp_path):

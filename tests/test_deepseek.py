@@ -47,17 +47,17 @@ def test_expert_gemm_rows_are_the_tokens_routed_to_the_die():
 def test_dispatch_bytes_are_tokens_times_topk_times_payload(tmp_path):
     cfg = DecodeConfig(ep=4, tokens_per_die=8, layers=2, mtp=False, micro_batches=1)
     doc, r = _run(tmp_path, cfg)
+    from cmemu.lower.moe import dispatch_write_byte
     from cmemu.output.schema import PIPE_CODE
 
     disp = [i for i, n in enumerate(r.lowered.op_name) if n.endswith(".dispatch")]
     t = r.tasks
-    # The AIVs' loads are the AIV-Direct tasks of whole BF16 tokens (the writes are 7,680 B each,
-    # the flags 32 B).
-    loads = np.isin(t["op"], disp) & (t["pipe"] == PIPE_CODE["AIV_DIRECT"]) & (t["bytes"] % (2 * HIDDEN) == 0)
-    # The AIVs read every (token, expert) pair's BF16 token once: tokens x top-k x 2 x hidden
-    # (top-k is 4 here: EP4 has only 4 experts).
-    assert int(t["bytes"][loads].sum()) == 4 * 8 * 4 * 2 * HIDDEN
-    assert dispatch_payload_byte(HIDDEN) == 7680
+    # The AIVs' write loops are AIV-Direct tasks whose bytes are their remote writes: every
+    # (token, expert) pair for another die, 7,212 B each (top-k is 4 here: EP4 has 4 experts).
+    routing = moe_routing(8, 4, 4, 4, 0.0, 0)
+    remote = int(sum((routing[s] != s).sum() for s in range(4)))
+    writes = np.isin(t["op"], disp) & (t["pipe"] == PIPE_CODE["AIV_DIRECT"]) & (t["bytes"] % dispatch_write_byte(HIDDEN) == 0)
+    assert int(t["bytes"][writes].sum()) == remote * dispatch_write_byte(HIDDEN)
 
 
 def test_micro_batches_overlap(tmp_path):
@@ -76,7 +76,7 @@ def test_micro_batches_overlap(tmp_path):
 def test_throughput_and_mtp_accounting(tmp_path):
     cfg = DecodeConfig(ep=4, tokens_per_die=16, layers=2, mtp=True, mtp_acceptance=0.7)
     doc, r = _run(tmp_path, cfg)
-    m, per_class = decode_metrics(cfg, r)
+    m, per_class, _ = decode_metrics(cfg, r)
     step_s = r.sim_end_ps / 1e12
     assert m["step_time_us"] == pytest.approx(r.sim_end_ps / 1e6, abs=0.1)
     # Each request decodes 1 + 0.7 tokens per step; 16 tokens per die = 8 requests (with MTP).

@@ -187,7 +187,9 @@ def test_decode_step_close_to_packets(tmp_path):
     packet = run_trace(trace, progress=False)
     message = run_trace(trace, progress=False, fabric_model="message", output=tmp_path / "m.h5")
     assert abs(message.sim_end_ps / packet.sim_end_ps - 1) < 0.01
-    assert message.events * 5 < packet.events
+    # The AIVs' remote writes wait for each other (one event per write on either fabric); the
+    # packets' hops are the rest of the packet fabric's events.
+    assert message.events * 2 < packet.events
     assert message.fabric_bytes == packet.fabric_bytes
     with h5py.File(tmp_path / "m.h5") as f:
         assert f.attrs["fabric_model"] == "message"

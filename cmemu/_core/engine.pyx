@@ -2154,7 +2154,7 @@ cdef class Engine:
                 return -1
             if self.ring_t[e] > t:
                 t = self.ring_t[e]
-        t += self.ini_msg_startup[ep]
+        t += self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)]
         if t < self.ep_issue_free[ep]:
             t = self.ep_issue_free[ep]
         if t < self.now:
@@ -2165,7 +2165,7 @@ cdef class Engine:
             return -1
         return t
 
-    cdef int64_t ini_start_issue(self, int32_t ep, int64_t row, int64_t t) except -1:
+    cdef int64_t ini_start_issue(self, int32_t ep, int64_t row, int64_t t, int kind) except -1:
         """AIV initiator ep issues its next message (table row ``row``) at t (aiv_ready), or at
         its issue time if that is later: its number, its ring slot, its base."""
         cdef int64_t e = self.ring_base(ep) + self.ini_seq[ep] % AIV_RING
@@ -2176,7 +2176,7 @@ cdef class Engine:
         self.ring_t[e] = 0
         self.ring_left[e] = <int32_t>self.epq[ep].npk
         if self.tab_flow[row] & FLOW_BASE:
-            self.ini_base[ep] = t - self.ini_msg_startup[ep]
+            self.ini_base[ep] = t - self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)]
         return t
 
     cdef int aiv_done(self, int32_t ep, int32_t iseq, int64_t t) except -1:
@@ -2236,7 +2236,7 @@ cdef class Engine:
                 self.ack_pop(ep)
             if self.ini_tracked[ep]:
                 if seq == 0:
-                    t = self.ini_start_issue(ep, row, t)
+                    t = self.ini_start_issue(ep, row, t, kind)
                 elif self.lookahead == 0 and self.ep_issue_free[ep] > self.now:
                     # On the packet fabric a core's packet joins its port's queue when it is
                     # issued, not before: there it would hold up the other cores' packets.
@@ -2306,7 +2306,7 @@ cdef class Engine:
                 continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-        if q.n > 0 and self.ack_len[ep] > 0:
+        if q.n > 0 and self.ack_len[ep] > 0 and self.ep_outstanding[ep] >= self.ep_max_out[ep]:
             self.wake_at(ep, self.ack_first(ep))  # the window is full: wake when a slot frees
         return 0
 

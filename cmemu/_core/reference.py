@@ -767,7 +767,7 @@ class Engine:
                     self.ring_t[ep - self.n_eps][r] = 0
                     self.ring_left[ep - self.n_eps][r] = self.msg_npkts[m]
                     if self.msg_flow[m] & FLOW_BASE:
-                        self.ini_base[ep] = t - self.ini_msg_startup[ep]
+                        self.ini_base[ep] = t - self.ini_msg_startup[2 * ep + min(kind, 1)]
                 elif self.lookahead == 0 and self.ep_issue_free[ep] > self.now:
                     self.wake_at(ep, self.ep_issue_free[ep])
                     break
@@ -805,7 +805,7 @@ class Engine:
                 continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-        if self.ep_qhead[ep] >= 0 and self.ack_heap[ep]:
+        if self.ep_qhead[ep] >= 0 and self.ack_heap[ep] and self.ep_outstanding[ep] >= self.ep_max_out[ep]:
             self.wake_at(ep, self.ack_heap[ep][0])
 
     def aiv_ready(self, ep, m):
@@ -825,7 +825,7 @@ class Engine:
                 self.ini_wait[ep] = s - k
                 return -1
             t = max(t, self.ring_t[k0][e])
-        t = max(t + self.ini_msg_startup[ep], self.ep_issue_free[ep], self.now)
+        t = max(t + self.ini_msg_startup[2 * ep + min(kind, 1)], self.ep_issue_free[ep], self.now)
         la = self.lookahead if kind == MSG_WRITE else 0
         if t > self.now + la:
             self.wake_at(ep, t - la)

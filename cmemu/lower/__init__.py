@@ -72,6 +72,7 @@ class Lowered:
     op_parent: np.ndarray  # int32 [ops]: the trace op an internal op belongs to, else -1
     op_lane: np.ndarray  # int8 [ops]: pipe/engine of an internal op (output.schema.PIPE_NAMES), else -1
     op_report_start: np.ndarray  # int32 [ops]: op whose start is this trace op's start, else -1
+    op_phase: np.ndarray  # uint8 [ops]: the step of a collective an internal op is (cmemu.lower.moe.PHASES), else 0
     num_trace_ops: int
     # The die model's pipe occupancy of each COMP op: one row per (op, pipe) the op used, with the
     # pipe's busy time per core (cmemu.output.schema.PIPE_CODE); recorded as /tasks summaries.

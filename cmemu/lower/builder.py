@@ -40,6 +40,7 @@ _COLUMNS = {
     "hbm": (np.int64, 0),
     "parent": (np.int32, -1),
     "lane": (np.int8, -1),
+    "phase": (np.uint8, 0),  # a collective's step (cmemu.lower.moe.PHASES); 0: none
 }
 OP_DEFAULTS = {name: default for name, (_, default) in _COLUMNS.items()}
 
@@ -344,6 +345,7 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         op_parent=cols["parent"],
         op_lane=cols["lane"],
         op_report_start=report,
+        op_phase=cols["phase"],
         num_trace_ops=num_trace_ops,
         msg_segments=np.array(segments, dtype=np.int64).reshape(-1, 4),
         msg_filled=fill_copies or all(lo == tpl for lo, _, tpl, _ in segments),

@@ -58,10 +58,19 @@ def dispatch_payload_byte(hidden: int) -> int:
 @lru_cache(maxsize=16)
 def moe_routing(tokens: int, top_k: int, experts: int, members: int, skew: float, seed: int) -> np.ndarray:
     """Destination member of every (token, k) pair of every source: int array [members, tokens, top_k].
+    Expert e lives on member e // (experts / members), in contiguous blocks as the fused kernels
+    place them ([OT] moe_distribute_dispatch_v2.h: toRankId = expert / moeExpertNumPerRank)."""
+    out = moe_experts(tokens, top_k, experts, members, skew, seed) // (experts // members)
+    out.setflags(write=False)
+    return out
+
+
+@lru_cache(maxsize=16)
+def moe_experts(tokens: int, top_k: int, experts: int, members: int, skew: float, seed: int) -> np.ndarray:
+    """The expert of every (token, k) pair of every source: int array [members, tokens, top_k].
 
     Each token picks ``top_k`` distinct experts, with probability proportional to
-    (rank of the expert + 1) ** -skew (uniform for skew 0), by the Gumbel top-k trick; expert e
-    lives on member e mod members.
+    (rank of the expert + 1) ** -skew (uniform for skew 0), by the Gumbel top-k trick.
     """
     rng = np.random.default_rng(seed)
     logp = -skew * np.log(np.arange(1, experts + 1))
@@ -75,7 +84,7 @@ def moe_routing(tokens: int, top_k: int, experts: int, members: int, skew: float
             u = rng.random(size=(tokens, experts), dtype=np.float32)
             keys = u if skew == 0 else logp - np.log(-np.log(np.maximum(u, np.float32(1e-38))))
             chosen = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k]
-        out[m] = chosen % members
+        out[m] = chosen
     out.setflags(write=False)  # shared by every caller with the same arguments (cached)
     return out
 
@@ -98,6 +107,7 @@ class _Ctx:
         spec = topo.spec
         self.die, self.comm = spec.die, spec.comm
         self.engine = self.attrs.get("cmemu.engine", "aiv" if self.attrs["comm_type"].startswith("MOE") else "sdma")
+        self.lane_aiv = AIV
         self.cores = self.attrs.get("cmemu.cores", spec.die.aiv_cores)
         if self.cores > spec.die.aiv_cores:
             from cmemu.errors import TraceError
@@ -316,7 +326,13 @@ def _moe(ctx, entries, combine: bool):
     members = len(ctx.ops)
     tokens, top_k, hidden = a["cmemu.tokens"], a["cmemu.top_k"], a["cmemu.hidden"]
     experts = a.get("cmemu.experts", members)
-    routing = moe_routing(tokens, top_k, experts, members, float(a.get("cmemu.skew", 0.0)), a.get("cmemu.seed", 0))
+    skew, seed = float(a.get("cmemu.skew", 0.0)), a.get("cmemu.seed", 0)
+    if ctx.engine == "aiv":
+        from cmemu.lower.moe import moe_aiv
+
+        return moe_aiv(ctx, entries, combine, moe_experts(tokens, top_k, experts, members, skew, seed),
+                       experts // members)
+    routing = moe_routing(tokens, top_k, experts, members, skew, seed)
     payload = a.get("cmemu.payload_bytes", 2 * hidden if combine else dispatch_payload_byte(hidden))
     b = ctx.b
     if not combine:
@@ -340,14 +356,11 @@ def _moe(ctx, entries, combine: bool):
         counts = np.bincount(holder, minlength=members)
         received = np.full(members, tokens * top_k * payload, dtype=np.int64)
         quantise = 0
-    if ctx.engine == "aiv":
-        sends, sends_count = _moe_writes_aiv(ctx, entries, dst, counts, payload, quantise)
-    else:
-        ends = np.cumsum(counts)
-        sends_of = [_moe_writes_sdma(ctx, m, entries[m], dst[ends[m] - counts[m]:ends[m]], payload, quantise,
-                                     0 if combine else tokens) for m in range(members)]
-        sends, sends_count = np.concatenate(sends_of), [len(s) for s in sends_of]
-    seen = _flags_and_poll(ctx, entries, sends, sends_count, SDMA if ctx.engine == "sdma" else AIV)
+    ends = np.cumsum(counts)
+    sends_of = [_moe_writes_sdma(ctx, m, entries[m], dst[ends[m] - counts[m]:ends[m]], payload, quantise,
+                                 0 if combine else tokens) for m in range(members)]
+    sends, sends_count = np.concatenate(sends_of), [len(s) for s in sends_of]
+    seen = _flags_and_poll(ctx, entries, sends, sends_count, SDMA)
     if combine:
         # Weighted sum of each token's top_k outputs (a multiply-add per element), plus writing it.
         def work(nbytes):
@@ -371,86 +384,6 @@ def _stable_order(keys) -> np.ndarray:
     if keys.size and 0 <= keys.min() and keys.max() < 2**16:
         keys = keys.astype(np.uint16)
     return np.argsort(keys, kind="stable")
-
-
-def _moe_writes_aiv(ctx, starts, dst_of_pair, counts, payload, quantise):
-    """Every member's pair writes on AIV-Direct, all members at once; returns the send ops
-    (member after member) and how many each member has. Member m writes pairs dst_of_pair[sum(counts[:m]):][:counts[m]] (destination
-    members), and its ops are its loads then its sends, member after member.
-
-    AIV j of a member takes its pairs j, j + A, ...; it loads them into its UB a batch at a
-    time (as many tokens as half the UB holds), quantises them (dispatch) and writes each to its
-    expert, one send op per batch with a remote pair, as the batch's load ends.
-    """
-    b = ctx.b
-    members, a = len(ctx.ops), ctx.cores
-    in_byte = 2 * quantise if quantise else payload  # what is read per pair (BF16 in dispatch)
-    per_batch = max(1, ub_chunk_byte(ctx.die) // in_byte)
-    member = np.repeat(np.arange(members), counts)
-    j = np.arange(member.size) - np.repeat(np.cumsum(counts) - counts, counts)  # pair index in its member
-    batch = (j // a) // per_batch * a + j % a  # in its member
-    # Batches per member: the full groups of A * per_batch pairs, then the last group's AIVs.
-    group = -(-counts // (a * per_batch))
-    last = counts - np.maximum(group - 1, 0) * a * per_batch
-    loads_of = np.where(counts > 0, np.maximum(group - 1, 0) * a + np.minimum(a, last), 0)
-    load_first = np.cumsum(loads_of) - loads_of
-    batch += load_first[member]  # numbered over all members
-    sizes = np.bincount(batch, minlength=int(loads_of.sum()))
-    load_member = np.repeat(np.arange(members), loads_of)
-    # Sends: one per batch with a remote pair, in batch order.
-    remote = dst_of_pair != member
-    has_remote = np.zeros(sizes.size, dtype=bool)
-    has_remote[batch[remote]] = True
-    send_batch = np.flatnonzero(has_remote)
-    send_member = load_member[send_batch]
-    sends_of_n = np.bincount(send_member, minlength=members)
-    # Op ids: member m's loads, then its sends, after member m - 1's.
-    base = b.n + np.cumsum(loads_of + sends_of_n) - loads_of - sends_of_n
-    load_op = base[load_member] + np.arange(sizes.size) - load_first[load_member]
-    send_first = np.cumsum(sends_of_n) - sends_of_n
-    send_op = (base + loads_of)[send_member] + np.arange(send_batch.size) - send_first[send_member]
-    distinct, which = np.unique(sizes, return_inverse=True)
-    cost = []  # of a load of k pairs, for each distinct k
-    for k in distinct.tolist():
-        if k == 0:
-            cost.append(0)
-        elif quantise:
-            cost.append(ctx.vector_ps({"cmemu.op": "quant_int8", "cmemu.rows": k, "cmemu.cols": quantise,
-                                       "cmemu.cores": 1}))
-        else:
-            cost.append(ctx.stream_ps(k * payload, 1))
-    total = sizes.size + send_batch.size
-    loads_at, sends_at = load_op - b.n, send_op - b.n
-    cols = {"kind": np.full(total, OP_SEND, dtype=np.uint8), "dur": np.zeros(total, dtype=np.int64),
-            "nbytes": np.zeros(total, dtype=np.int64), "hbm": np.zeros(total, dtype=np.int64),
-            "aiv": np.zeros(total, dtype=np.int32), "rank": np.empty(total, dtype=np.int64),
-            "parent": np.empty(total, dtype=np.int64)}
-    cols["kind"][loads_at] = OP_COMP
-    cols["dur"][loads_at] = np.array(cost, dtype=np.int64)[which]
-    cols["nbytes"][loads_at] = cols["hbm"][loads_at] = sizes * in_byte
-    cols["aiv"][loads_at] = 1
-    pairs_per_send = np.bincount(batch[remote], minlength=sizes.size)[send_batch]
-    cols["nbytes"][sends_at] = pairs_per_send * payload
-    parents = np.asarray(ctx.ops)
-    cols["rank"][loads_at], cols["parent"][loads_at] = ctx.ranks[load_member], parents[load_member]
-    cols["rank"][sends_at], cols["parent"][sends_at] = ctx.ranks[send_member], parents[send_member]
-    b.ops(total, lane=AIV, **cols)
-    # Each AIV's loads in a chain after the member's start; a batch's send after its load.
-    t = np.arange(sizes.size) - load_first[load_member]
-    head = t < a
-    b.edges(np.asarray(starts)[load_member[head]], load_op[head])
-    chained = t + a < loads_of[load_member]
-    b.edges(load_op[chained], load_op[np.flatnonzero(chained) + a])
-    b.edges(load_op[send_batch], send_op)
-    # The writes, member by member, each batch's in pair order.
-    order = _stable_order(batch[remote])
-    msg_batch = batch[remote][order]
-    send_of_batch = np.full(sizes.size, -1, dtype=np.int64)
-    send_of_batch[send_batch] = send_op
-    src = ctx.ranks[member[remote][order]]
-    b.messages_between(ctx.topo, src, ctx.ranks[dst_of_pair[remote][order]], payload, send_of_batch[msg_batch], -1,
-                       kind=MSG_WRITE)
-    return send_op, sends_of_n
 
 
 def _moe_writes_sdma(ctx, m, start, dst_of_pair, payload, quantise, tokens):

@@ -93,7 +93,7 @@ class Fabric:
     ep_startup_ps: np.ndarray  # int64 [I]: from its op's start to its first packet
     ep_max_outstanding: np.ndarray  # int32 [I]: packets in flight
     ep_issue_ps: np.ndarray  # int64 [I * 2]: per-packet issue time, by message kind
-    ini_msg_startup_ps: np.ndarray  # int64 [I]: before each message's first packet (an AIV's; 0 for the rest)
+    ini_msg_startup_ps: np.ndarray  # int64 [I * 2]: before each message's first packet, by kind (an AIV's; 0 for the rest)
     ini_tracked: np.ndarray  # uint8 [I]: 1 for an AIV: its messages' prep and flow apply (cmemu.lower.comm)
     aiv_per_die: int
     # Packet format, by path kind.
@@ -220,8 +220,9 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
     issue[2 * E + 1::2] = round(-(-mtu // die.aiv_mte2_byte_per_cycle) * cycle_ps)
     startup = np.full(n_ini, ns_to_ps(ub.initiator_startup_ns), dtype=np.int64)
     startup[E:] = 0  # an AIV's start-up is per message (below), not per op
-    msg_startup = np.zeros(n_ini, dtype=np.int64)
-    msg_startup[E:] = ns_to_ps(spec.comm.aiv_remote_startup_ns)
+    msg_startup = np.zeros(n_ini * 2, dtype=np.int64)
+    msg_startup[2 * E::2] = ns_to_ps(spec.comm.aiv_remote_write_startup_ns)
+    msg_startup[2 * E + 1::2] = ns_to_ps(spec.comm.aiv_remote_read_startup_ns)
     max_out = np.full(n_ini, ub.max_outstanding_packets, dtype=np.int32)
     max_out[E:] = spec.comm.aiv_max_outstanding_packets
     tracked = np.zeros(n_ini, dtype=np.uint8)

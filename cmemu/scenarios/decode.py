@@ -8,7 +8,12 @@ Reports, from the simulated timeline (nothing is taken from the paper):
 - throughput: decoded tokens per second per NPU (two dies);
 - a breakdown by op class (per die, mean busy time of each class, streams counted separately);
 - exposed communication: per die, the time a MoE dispatch or combine is in progress while no
-  compute op runs on that die.
+  compute op runs on that die;
+- per stream and micro-batch, the busy time per MoE layer (mean over dies of the time its ops run,
+  a collective from its start to its end): stream 0 holds every micro-batch's attention (MLAProlog,
+  attention, output projection), stream 1 their MoE part (gate, dispatch, expert MLP, combine);
+  a layer takes at least the busier stream's total, which bounds it.
+``--micro-batches 1,2`` runs both and reports the throughput gain of two micro-batches over one.
 With fewer than 61 layers (``--layers``), the step and TPOT are also given extrapolated to the
 full model from the simulated per-layer time, and marked so.
 ``--tpot-slo MS`` searches the largest tokens per die whose TPOT meets the SLO (bisection over
@@ -76,6 +81,33 @@ def _exposed(comm, compute) -> int:
     return total
 
 
+def stream_busy(cfg: DecodeConfig, result) -> list[dict]:
+    """Busy time per MoE layer of each (micro-batch, stream), mean over dies (module docstring)."""
+    L = result.lowered
+    names = L.op_name
+    dur = (result.op_end_ps - result.op_start_ps).astype(np.float64)
+    moe_layers = [f"L{i}" for i in range(cfg.dense_layers, cfg.layers)] + (["MTP"] if cfg.mtp else [])
+    layer_of = np.array([n.split(".", 1)[0] for n in names])
+    in_moe = np.isin(layer_of, moe_layers)
+    mb_of = np.array([int(n.split(".", 2)[1][2:]) if n.count(".") >= 2 and n.split(".", 2)[1].startswith("mb")
+                      else -1 for n in names])
+    stream = L.op_stream
+    rows, totals = [], {}
+    n = max(1, len(moe_layers)) * cfg.ep
+    for mb in range(cfg.micro_batches):
+        for st in (0, 1):
+            m = in_moe & (mb_of == mb) & (stream == st)
+            busy = float(dur[m].sum()) / n
+            totals[st] = totals.get(st, 0.0) + busy
+            rows.append({"micro_batch": mb, "stream": st, "work": "attention" if st == 0 else "moe",
+                         "busy_per_layer_us": round(busy / 1e6, 1)})
+    bound = max(totals, key=totals.get) if totals else None
+    for st, busy in totals.items():
+        rows.append({"micro_batch": "all", "stream": st, "work": "attention" if st == 0 else "moe",
+                     "busy_per_layer_us": round(busy / 1e6, 1), "bounds_the_layer": st == bound})
+    return rows
+
+
 def decode_metrics(cfg: DecodeConfig, result) -> dict:
     L = result.lowered
     names = L.op_name
@@ -103,7 +135,7 @@ def decode_metrics(cfg: DecodeConfig, result) -> dict:
         exposed.append(_exposed(comm, compute))
     accepted = cfg.accepted_per_step
     out = {
-        "tokens_per_die": cfg.tokens_per_die, "layers_simulated": cfg.layers,
+        "tokens_per_die": cfg.tokens_per_die, "micro_batches": cfg.micro_batches, "layers_simulated": cfg.layers,
         "step_time_us": round(step_ps / 1e6, 1),
         "per_layer_time_us": round(layer_ps / 1e6, 1) if layer_ps else None,
         "tpot_ms": round(step_ps / 1e9 / accepted, 3),
@@ -116,10 +148,11 @@ def decode_metrics(cfg: DecodeConfig, result) -> dict:
         out["tpot_61_layers_extrapolated_ms"] = round(full_ps / 1e9 / accepted, 3)
         out["tokens_per_s_per_npu_61_layers_extrapolated"] = round(
             2 * cfg.requests_per_die * accepted / (full_ps / 1e12), 1)
-    return out, per_class
+    return out, per_class, stream_busy(cfg, result)
 
 
 def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int | None = None):
+    """(step metrics, busy time by op class, busy time per stream) of one simulated step."""
     doc = decode_trace(cfg, spec.name, spec.dies)
     return decode_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
 
@@ -128,33 +161,59 @@ def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int 
 @click.option("--ep", type=click.IntRange(min=2), default=None, help="EP degree [default: 320, or all dies if fewer].")
 @click.option("--tokens-per-die", type=click.IntRange(min=1), default=96, show_default=True)
 @click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True)
-@click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
+@click.option("--micro-batches", default="2", show_default=True,
+              help="1, 2, or 1,2: both, with the gain of two over one.")
 @click.option("--mtp/--no-mtp", default=True, show_default=True)
 @click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
 @click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default="aiv", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--lm-head-tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Dies sharing the LM head's vocabulary (all-gather, then all-to-all of the logits); 1: every "
+                   "die holds the whole head (the default, as CloudMatrix-Infer's DP decode).")
 @run_options
 @click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
               help="Layers to simulate (the step and TPOT are also extrapolated to 61).")
 @click.option("--tpot-slo", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MS",
               help="Find the largest tokens per die whose (extrapolated) TPOT meets this SLO.")
-def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew, fabric,
-            max_memory, layers, tpot_slo):
+def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew, lm_head_tp,
+            fabric, max_memory, layers, tpot_slo):
     """DeepSeek-R1 decode step (CloudMatrix-Infer): step time, per-layer time, TPOT, tokens/s per
-    NPU, time by op class, exposed communication; --tpot-slo finds the largest batch meeting an SLO."""
+    NPU, busy time per stream and micro-batch, time by op class, exposed communication;
+    --micro-batches 1,2 gives the gain of two; --tpot-slo finds the largest batch meeting an SLO."""
     ep = ep or min(320, spec.dies)
+    try:
+        mbs = sorted({int(x) for x in str(micro_batches).split(",") if x.strip()})
+    except ValueError:
+        raise CmemuError(f"--micro-batches must be 1, 2 or 1,2, got {micro_batches!r}") from None
+    if not mbs or any(m not in (1, 2) for m in mbs):
+        raise CmemuError(f"--micro-batches must be 1, 2 or 1,2, got {micro_batches!r}")
 
-    def cfg_for(tokens):
-        return DecodeConfig(ep=ep, tokens_per_die=tokens, kv_len=kv_len, micro_batches=int(micro_batches), mtp=mtp,
-                            mtp_acceptance=mtp_acceptance, dispatch_engine=dispatch_engine, skew=skew, layers=layers)
+    def cfg_for(tokens, mb=mbs[-1]):
+        return DecodeConfig(ep=ep, tokens_per_die=tokens, kv_len=kv_len, micro_batches=mb, mtp=mtp,
+                            mtp_acceptance=mtp_acceptance, dispatch_engine=dispatch_engine, skew=skew, layers=layers,
+                            lm_head_tp=lm_head_tp)
 
-    params = {"ep": ep, "kv_len": kv_len, "micro_batches": int(micro_batches), "mtp": mtp,
-              "mtp_acceptance": mtp_acceptance, "dispatch_engine": dispatch_engine, "layers": layers,
-              "fabric": fabric}
+    params = {"ep": ep, "kv_len": kv_len, "micro_batches": ",".join(map(str, mbs)), "mtp": mtp,
+              "mtp_acceptance": mtp_acceptance, "dispatch_engine": dispatch_engine, "lm_head_tp": lm_head_tp,
+              "layers": layers, "fabric": fabric}
     if tpot_slo is None:
-        metrics, per_class = run_decode(spec, cfg_for(tokens_per_die), fabric, max_memory)
-        return params, {"decode step": [metrics],
-                        "mean busy time per die by op class (us)": [per_class]}
+        steps, classes, streams = [], [], []
+        for mb in mbs:
+            metrics, per_class, busy = run_decode(spec, cfg_for(tokens_per_die, mb), fabric, max_memory)
+            steps.append(metrics)
+            classes.append({"micro_batches": mb, **per_class})
+            streams += [{"micro_batches": mb, **row} for row in busy]
+        tables = {"decode step": steps, "busy time per MoE layer by stream and micro-batch (us)": streams,
+                  "mean busy time per die by op class (us)": classes}
+        if len(steps) == 2:
+            one, two = steps
+            key = ("tokens_per_s_per_npu_61_layers_extrapolated" if "tokens_per_s_per_npu_61_layers_extrapolated" in one
+                   else "tokens_per_s_per_npu")
+            tables["gain of two micro-batches over one"] = [{
+                "tokens_per_die": tokens_per_die, "throughput_gain_pct": round(100 * (two[key] / one[key] - 1), 1),
+                "step_time_one_us": one["step_time_us"], "step_time_two_us": two["step_time_us"],
+                "basis": key}]
+        return params, tables
     key = "tpot_61_layers_extrapolated_ms" if layers < LAYERS else "tpot_ms"
     rows = []
     lo, hi = 0, None
@@ -163,7 +222,7 @@ def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance
     for _ in range(8):
         if tokens < int(micro_batches) or (hi is not None and hi - lo <= 1):
             break
-        metrics, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory)
+        metrics, _, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory)
         rows.append(metrics)
         if metrics[key] is not None and metrics[key] <= tpot_slo:
             best, lo = metrics, tokens

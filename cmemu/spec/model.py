@@ -149,8 +149,10 @@ class CommSpec:
     sdma_engine_gbyte_per_s: float
     flag_byte: int
     flag_poll_interval_ns: float
-    aiv_remote_startup_ns: float
+    aiv_remote_write_startup_ns: float
+    aiv_remote_read_startup_ns: float
     aiv_max_outstanding_packets: int
+    host_sync_ns: float
     sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
 
     def __post_init__(self):

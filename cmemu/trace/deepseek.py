@@ -79,9 +79,12 @@ class DecodeConfig:
     skew: float = 0.0
     layers: int = LAYERS
     seed: int = 0
+    lm_head_tp: int = 1
 
     def check(self, dies: int) -> None:
         _check_step(self, dies)
+        if self.lm_head_tp < 1 or self.ep % self.lm_head_tp:
+            raise CmemuError(f"--lm-head-tp {self.lm_head_tp}: must be at least 1 and divide the EP degree {self.ep}")
         if self.tokens_per_die < self.micro_batches:
             raise CmemuError("--tokens-per-die must be at least the number of micro-batches")
         if not 0.0 <= self.mtp_acceptance <= 1.0:
@@ -187,16 +190,35 @@ def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
                 last[(r, mb)] = add(r, 1, f"{tag}.mb{mb}.combine", "COMM_COLL",
                                     {"comm_type": "MOE_COMBINE", "cmemu.engine": cfg.dispatch_engine, **moe},
                                     [mlp[r]])
-    # Sampling: the LM head and a softmax over the vocabulary, per micro-batch.
+    # Sampling: the LM head and a softmax over the vocabulary, per micro-batch. Replicated
+    # (lm_head_tp 1): each die multiplies its own tokens by the whole head. Sharded over groups of
+    # lm_head_tp dies: the group's hidden states are all-gathered, each die multiplies them by its
+    # share of the vocabulary, and the logits go back to their tokens' dies (an all-to-all) for
+    # the softmax.
+    tp = cfg.lm_head_tp
+    shard = -(-VOCAB // tp)
+    groups = {"ep": ranks}
+    if tp > 1:
+        groups.update({f"lm{g}": ranks[g * tp:(g + 1) * tp] for g in range(cfg.ep // tp)})
     for mb, t in enumerate(mb_tokens):
         for r in ranks:
-            s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", 16, [last[(r, mb)]], m=t, n=VOCAB, k=HIDDEN, dtype=wdt)
+            if tp == 1:
+                s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", 16, [last[(r, mb)]], m=t, n=VOCAB, k=HIDDEN,
+                         dtype=wdt)
+            else:
+                grp = f"lm{r // tp}"
+                g = add(r, 0, f"sample.mb{mb}.lm_gather", "COMM_COLL",
+                        {"comm_type": "ALL_GATHER", "cmemu.group": grp, "comm_size": t * HIDDEN * 2},
+                        [last[(r, mb)]])
+                s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", 16, [g], m=t * tp, n=shard, k=HIDDEN, dtype=wdt)
+                s = add(r, 0, f"sample.mb{mb}.lm_scatter", "COMM_COLL",
+                        {"comm_type": "ALL_TO_ALL", "cmemu.group": grp, "comm_size": t * shard * 2}, [s])
             comp(r, 0, f"sample.mb{mb}.softmax", "softmax", 32, [s], rows=t, cols=VOCAB)
     return {
         "schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": system,
         "description": (f"DeepSeek-R1 decode step: EP{cfg.ep}, {cfg.tokens_per_die} tokens/die, KV {cfg.kv_len}, "
                         f"{cfg.micro_batches} micro-batch(es), {cfg.layers} layer(s), MTP {'on' if cfg.mtp else 'off'}"),
-        "groups": {"ep": ranks},
+        "groups": groups,
         "cmemu.generator": {"name": "deepseek-r1", "phase": "decode", **asdict(cfg)},
         "nodes": nodes,
     }

@@ -43,9 +43,10 @@ COLL_TYPES = ("ALL_TO_ALL", "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE", "BROAD
               "MOE_COMBINE")
 COLL_ENGINES = ("sdma", "aiv")
 MOE_TYPES = ("MOE_DISPATCH", "MOE_COMBINE")
+MOE_KERNELS = ("low_latency", "normal")  # cmemu.lower.moe.KERNELS: the fused kernels on AIV-Direct
 # Attributes that must agree between the members of one collective.
 _COLL_SHARED = ("comm_type", "comm_size", "cmemu.root", "cmemu.tokens", "cmemu.top_k", "cmemu.hidden",
-                "cmemu.payload_bytes", "cmemu.experts", "cmemu.skew", "cmemu.seed")
+                "cmemu.payload_bytes", "cmemu.experts", "cmemu.skew", "cmemu.seed", "cmemu.kernel")
 
 COMP_UNITS = ("aic", "aiv")
 COMP_DTYPES = ("bf16", "fp16", "int8", "fp32")
@@ -562,6 +563,7 @@ _ATTR_CHECKS = {
         "comm_size": _as_size,
         "cmemu.group": _as_group_name,
         "cmemu.engine": _as_choice(COLL_ENGINES),
+        "cmemu.kernel": _as_choice(MOE_KERNELS),
         "cmemu.cores": _as_cores,
         "cmemu.root": _as_size,
         "cmemu.tokens": _as_size,
@@ -893,6 +895,10 @@ def _check_collectives(colls, groups, ids, err) -> list:
             err(i, f"cmemu.root {attrs['cmemu.root']} is not a member of group '{name}'", ids[i], "cmemu.root")
         if ctype in MOE_TYPES and attrs.get("cmemu.top_k", 1) > attrs.get("cmemu.experts", len(groups[name])):
             err(i, "cmemu.top_k is larger than the number of experts", ids[i], "cmemu.top_k")
+        if ctype in MOE_TYPES and attrs.get("cmemu.experts", len(groups[name])) % len(groups[name]):
+            err(i, f"cmemu.experts ({attrs['cmemu.experts']}) must be a multiple of the group's {len(groups[name])} "
+                "members: each holds as many, in contiguous blocks (expert e on member e // (experts / members))",
+                ids[i], "cmemu.experts")
         per_group.setdefault(name, {}).setdefault(rank, []).append(i)
     instances = []
     for name, by_rank in per_group.items():
