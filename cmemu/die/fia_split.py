@@ -1,0 +1,287 @@
+"""How CANN's FusedInferAttentionScore (FIA) MLA template cuts a decode attention into work and
+shares it among the AI cores (its host-side tiling), for ``cmemu.die.fia_mla``.
+
+Sources: hicann/ops-transformer at c29bc106 (2025-11-15), read for this model, not copied:
+``attention/common/op_host/split_core.h`` (SplitCore, SplitFD), and
+``attention/common/op_host/arch32/fia_tiling_nonquant_mla.cpp`` / ``.h`` (CalcMBaseSize,
+CalcInnerSize). File:line references below are to those files at that commit.
+
+What it decides, for requests of ``rows_per_request`` query rows (query tokens x heads, one KV
+head: MLA) over their cached positions:
+
+- the M tile: ``M_BASE`` = 256 rows, lowered to rows / split when the requests do not divide the
+  core count and an even cut of every request's rows into ``split`` tiles of 128-256 rows makes
+  the work items a multiple of the cores (``m_tile_rows``);
+- the KV (S2) tile: 512 positions, cut to a multiple of the page size if it does not divide 512,
+  and never longer than the longest request (``s2_tile_positions``);
+- work blocks (request, M tile, S2 tile) in that order, each costing
+  6 per 16 rows + 10 per 64 positions (``block_cost``; every block costs 10 when there are no
+  more blocks than cores);
+- a contiguous range of blocks per core, from a greedy fill (whole requests, then whole M rows,
+  then single blocks, each while the core stays within half a block of its share of what is
+  left), tried for every core count from sqrt(blocks) to the cores available, keeping the one
+  with the smallest largest per-core cost (``split_blocks``);
+- FlashDecode: a row (request, M tile) whose blocks land on k > 1 cores is combined afterwards
+  from k partial results; the combine's 8-row chunks go to the AIVs by ``split_combine``.
+
+Left out: sliding-window attention (FIA's banded split), requests with no cached positions,
+several KV heads (MLA has one).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+M_BASE = 256  # mBaseSize (fia_tiling_nonquant_mla.h:96)
+M_BASE_MIN = 128  # the smallest M tile CalcMBaseSize picks (fia_tiling_nonquant_mla.cpp:229)
+S2_BASE = 512  # sInnerSize_ (fia_tiling_nonquant_mla.cpp:166)
+# Block cost: 6 per 16 rows + 10 per 64 KV positions, both rounded up (split_core.h:194-201);
+# every block costs 10 when there are no more blocks than cores (split_core.h:433, 461-466).
+COST_PER_ROWS, ROWS_UNIT = 6, 16
+COST_PER_POSITIONS, POSITIONS_UNIT = 10, 64
+UNIT_COST = 10
+FD_CHUNK_ROWS = 8  # rows per FlashDecode combine chunk, mFdBaseSize_ (fia_tiling_nonquant_mla.h:97)
+MAX_SPLIT_RATIO = 2  # SplitFD's tolerance (split_core.h:22)
+
+
+def block_cost(rows: int, positions: int) -> int:
+    """FIA's cost of a work block of ``rows`` query rows over ``positions`` KV positions."""
+    return COST_PER_ROWS * (-(-rows // ROWS_UNIT)) + COST_PER_POSITIONS * (-(-positions // POSITIONS_UNIT))
+
+
+def m_tile_rows(requests: int, rows_per_request: int, cores: int, same_lengths: bool) -> int:
+    """The M tile (CalcMBaseSize, fia_tiling_nonquant_mla.cpp:199-234): 256 rows, unless the
+    requests do not divide the cores, all requests have the same KV length, and cutting each
+    request's rows into split = lcm(requests, cores) / requests equal tiles gives tiles of 128 to
+    256 rows: then that tile (and requests x split work items, a multiple of the cores)."""
+    if requests % cores == 0 or not same_lengths:
+        return M_BASE
+    split = math.lcm(requests, cores) // requests
+    if rows_per_request % split:
+        return M_BASE
+    rows = rows_per_request // split
+    return rows if M_BASE_MIN <= rows <= M_BASE else M_BASE
+
+
+def s2_tile_positions(max_kv_len: int, page_positions: int) -> int:
+    """The KV tile (CalcInnerSize, fia_tiling_nonquant_mla.cpp:164-197): 512 positions, rounded
+    down to whole pages when a page is shorter than 512 and does not divide it; at most the
+    longest request's paged length (pages x page size, fia_tiling_info_parser.cpp:513)."""
+    s2 = S2_BASE
+    if s2 > page_positions and s2 % page_positions:
+        s2 = s2 // page_positions * page_positions
+    paged_max = -(-max_kv_len // page_positions) * page_positions
+    return min(s2, paged_max)
+
+
+@dataclass(frozen=True)
+class FDHead:
+    """A row (request, M tile) split over ``splits`` cores: combined from that many partials."""
+
+    request: int
+    m_tile: int
+    rows: int
+    splits: int
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.rows // FD_CHUNK_ROWS)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Work blocks and their cores. Block i (in request, M tile, S2 tile order) has
+    ``request[i]``, ``m_tile[i]``, ``s2_tile[i]``, ``rows[i]`` query rows and ``positions[i]``
+    KV positions; core c runs blocks ``starts[c]`` to ``starts[c + 1] - 1``."""
+
+    m_base: int
+    s2_base: int
+    request: np.ndarray
+    m_tile: np.ndarray
+    s2_tile: np.ndarray
+    rows: np.ndarray
+    positions: np.ndarray
+    cost: np.ndarray  # per block
+    starts: np.ndarray  # per used core, and the end
+    fd_heads: tuple  # FDHead per split row, in block order
+    combine: tuple  # per combining AIV: ((fd head index, chunk index), ...)
+
+    @property
+    def cores_used(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def blocks_per_core(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    @property
+    def cost_per_core(self) -> np.ndarray:
+        c = np.concatenate([[0], np.cumsum(self.cost)])
+        return c[self.starts[1:]] - c[self.starts[:-1]]
+
+    @property
+    def max_splits(self) -> int:
+        return max((h.splits for h in self.fd_heads), default=1)
+
+
+class _Work:
+    """The blocks as requests of rows of blocks, with their costs (CalSplitBatchInfo)."""
+
+    def __init__(self, kv_lens, rows_per_request, m_base, s2_base, cores):
+        self.n_rows = -(-rows_per_request // m_base)  # M tiles per request
+        self.row_rows = [min(m_base, rows_per_request - g * m_base) for g in range(self.n_rows)]
+        self.n_blocks = [-(-int(s) // s2_base) for s in kv_lens]  # S2 tiles per request
+        total = self.n_rows * sum(self.n_blocks)
+        self.weighted = total > cores
+
+        def cost_of(b, g, s):
+            if not self.weighted:
+                return UNIT_COST
+            return block_cost(self.row_rows[g], min(s2_base, int(kv_lens[b]) - s * s2_base))
+
+        # per request: per row: the costs of its blocks
+        self.costs = [[[cost_of(b, g, s) for s in range(self.n_blocks[b])] for g in range(self.n_rows)]
+                      for b in range(len(kv_lens))]
+        self.row_cost = [[sum(r) for r in req] for req in self.costs]
+        self.total_cost = sum(sum(r) for r in self.row_cost)
+        self.total_blocks = total
+
+
+def _fill(work: _Work, n_cores: int):
+    """GetBlockNumOnCore (split_core.h:305-429): fill ``n_cores`` cores in order, each up to its
+    share of the cost still unassigned. Returns (blocks per core, largest per-core cost)."""
+    b = g = s = 0  # the first unassigned block
+    n_req = len(work.costs)
+    unassigned = work.total_cost
+    counts = []
+    worst = 0
+
+    def req_left():
+        return sum(work.row_cost[b][g + 1:]) + sum(work.costs[b][g][s:])
+
+    def row_left():
+        return sum(work.costs[b][g][s:])
+
+    def normalise():
+        nonlocal b, g, s
+        if s >= work.n_blocks[b]:
+            g, s = g + 1, 0
+        if g >= work.n_rows:
+            b, g, s = b + 1, 0, 0
+
+    core = 0
+    while unassigned > 0 and core < n_cores:
+        limit = unassigned // (n_cores - core)
+        cur = blk = 0
+        done = False
+        # 1. Whole (rest of) requests while within half the request's last block.
+        while limit + work.costs[b][-1][-1] // 2 >= cur + req_left():
+            cur += req_left()
+            blk += (work.n_rows - g - 1) * work.n_blocks[b] + work.n_blocks[b] - s
+            if b == n_req - 1:
+                done = True
+                break
+            b, g, s = b + 1, 0, 0
+        if not done:
+            # 2. Whole (rest of) rows of this request, never its last row, within half the
+            # row's last block.
+            while g < work.n_rows - 1 and limit + work.costs[b][g][-1] // 2 >= cur + row_left():
+                cur += row_left()
+                blk += work.n_blocks[b] - s
+                g, s = g + 1, 0
+            # 3. Single blocks of this row, within half a block (at least one), not past its end.
+            while s < work.n_blocks[b]:
+                c = work.costs[b][g][s]
+                if blk and limit + c // 2 < cur + c:
+                    break
+                cur += c
+                blk += 1
+                s += 1
+            normalise()
+        counts.append(blk)
+        worst = max(worst, cur)
+        unassigned -= cur
+        core += 1
+    return counts, worst
+
+
+def split_blocks(kv_lens, rows_per_request: int, cores: int, m_base: int, s2_base: int):
+    """SplitCore (split_core.h:564-616): (blocks per used core, the work) with the smallest
+    largest per-core cost over the core counts from round(sqrt(blocks)) to ``cores`` (ties: the
+    fewer cores)."""
+    work = _Work(kv_lens, rows_per_request, m_base, s2_base, cores)
+    n = work.total_blocks
+    hi = min(cores, n)
+    lo = min(int(math.sqrt(n + 0.25) + 0.5), hi)
+    best = None
+    for k in range(lo, hi + 1):
+        counts, worst = _fill(work, k)
+        if best is None or worst < best[1]:
+            best = (counts, worst)
+    return best[0], work
+
+
+def split_combine(heads, cores_used: int) -> tuple:
+    """SplitFD (split_core.h:735-773): the FlashDecode combine's 8-row chunks, in order, to at
+    most 2 x ``cores_used`` AIVs; a chunk's load is its head's splits. An AIV takes chunks while
+    a chunk's load is at most twice the room left under the mean load still to share."""
+    total = sum(h.splits * h.chunks for h in heads)
+    n_chunks = sum(h.chunks for h in heads)
+    if not n_chunks:
+        return ()
+    n_vec = min(n_chunks, 2 * cores_used)
+    thr = total / n_vec
+    load = 0
+    out = [[]]
+    for i, h in enumerate(heads):
+        for c in range(h.chunks):
+            if h.splits > (thr - load) * MAX_SPLIT_RATIO:
+                total -= load
+                left = n_vec - len(out)
+                thr = total / left if left > 0 else math.inf
+                out.append([])
+                load = 0
+            load += h.splits
+            out[-1].append((i, c))
+    return tuple(tuple(v) for v in out)
+
+
+def plan_split(kv_lens, rows_per_request: int, cores: int, page_positions: int,
+               m_base: int | None = None) -> SplitPlan:
+    """FIA's whole split for requests with ``kv_lens`` cached positions each (>= 1) and
+    ``rows_per_request`` query rows each, on ``cores`` AICs."""
+    kv_lens = [int(x) for x in kv_lens]
+    if not kv_lens or min(kv_lens) < 1 or rows_per_request < 1 or cores < 1:
+        raise ValueError("FIA's split needs requests with >= 1 cached position, >= 1 query row and >= 1 core")
+    if m_base is None:
+        m_base = m_tile_rows(len(kv_lens), rows_per_request, cores, len(set(kv_lens)) == 1)
+    s2_base = s2_tile_positions(max(kv_lens), page_positions)
+    counts, work = split_blocks(kv_lens, rows_per_request, cores, m_base, s2_base)
+    req, mt, st, rows, pos, cost = [], [], [], [], [], []
+    for b, n_b in enumerate(work.n_blocks):
+        for g in range(work.n_rows):
+            for s in range(n_b):
+                req.append(b)
+                mt.append(g)
+                st.append(s)
+                rows.append(work.row_rows[g])
+                pos.append(min(s2_base, kv_lens[b] - s * s2_base))
+                cost.append(work.costs[b][g][s])
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    req = np.asarray(req, dtype=np.int64)
+    mt = np.asarray(mt, dtype=np.int64)
+    # FlashDecode heads (ReconSplitPlan, RecordFDInfo: split_core.h:280-303, 478-562): rows
+    # whose blocks lie on more than one core, with that number of cores.
+    row_id = req * work.n_rows + mt
+    core_of = np.repeat(np.arange(len(counts)), counts)
+    heads = []
+    first = np.flatnonzero(np.r_[True, row_id[1:] != row_id[:-1]])
+    for a, z in zip(first, np.r_[first[1:], len(row_id)]):
+        k = len(np.unique(core_of[a:z]))
+        if k > 1:
+            heads.append(FDHead(int(req[a]), int(mt[a]), int(rows[a]), int(k)))
+    return SplitPlan(m_base, s2_base, req, mt, np.asarray(st, dtype=np.int64), np.asarray(rows, dtype=np.int64),
+                     np.asarray(pos, dtype=np.int64), np.asarray(cost, dtype=np.int64), starts, tuple(heads),
+                     split_combine(heads, len(counts)))
