@@ -218,3 +218,19 @@ def test_mla_decode_passes_queries_per_request(model):
     full = mla_decode_cost(model, 16, 1024, cores=8, queries_per_request=2)
     att = mla_attention_cost(model, 16, 1024, cores=8, queries_per_request=2)
     assert next(p for p in full.phases if p.op == "mla_attention") == att
+
+
+def test_the_mla_scenario_reports_the_split():
+    from cmemu.errors import CmemuError
+    from cmemu.scenarios import run_scenario
+
+    params, rows = run_scenario("mla", "mini", tokens="8,48", kv_len="4096", heads="128", cores=16,
+                                queries_per_request=2)
+    assert params["queries_per_request"] == 2
+    small, big = rows
+    # 4 requests x 8 blocks on 16 AIC: 2 blocks per core, each request over 4 cores; 24
+    # requests (192 blocks) make 12 per core without splitting one.
+    assert (small["attention_aic_used"], small["flash_decode_rows"], small["flash_decode_max_splits"]) == (16, 4, 4)
+    assert (big["attention_aic_used"], big["flash_decode_rows"], big["flash_decode_max_splits"]) == (16, 0, 0)
+    with pytest.raises(CmemuError, match="whole number of requests"):
+        run_scenario("mla", "mini", tokens="7", queries_per_request=2)
