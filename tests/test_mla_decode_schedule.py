@@ -234,3 +234,20 @@ def test_the_mla_scenario_reports_the_split():
     assert (big["attention_aic_used"], big["flash_decode_rows"], big["flash_decode_max_splits"]) == (16, 0, 0)
     with pytest.raises(CmemuError, match="whole number of requests"):
         run_scenario("mla", "mini", tokens="7", queries_per_request=2)
+
+
+def test_decode_trace_gives_mtp_attention_its_two_queries_per_request():
+    from cmemu.trace.deepseek import DecodeConfig, decode_trace
+
+    def attention(cfg):
+        doc = decode_trace(cfg, "mini", 32)
+        return [n["attrs"] for n in doc["nodes"] if n["name"].endswith(".attention")]
+
+    on = attention(DecodeConfig(ep=4, tokens_per_die=8, layers=2, mtp=True))
+    assert {(a["cmemu.tokens"], a["cmemu.queries_per_request"]) for a in on} == {(4, 2)}
+    off = attention(DecodeConfig(ep=4, tokens_per_die=8, layers=2, mtp=False))
+    assert {a["cmemu.tokens"] for a in off} == {4} and all("cmemu.queries_per_request" not in a for a in off)
+    # 10 tokens in 2 micro-batches of 5: a request's two tokens fall in different micro-batches;
+    # each micro-batch's attention counts it as a whole request (3 requests of 2).
+    odd = attention(DecodeConfig(ep=4, tokens_per_die=10, layers=2, mtp=True))
+    assert {(a["cmemu.tokens"], a["cmemu.queries_per_request"]) for a in odd} == {(6, 2)}
