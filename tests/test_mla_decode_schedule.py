@@ -175,13 +175,35 @@ def test_int8_sizes(model):
     c = mla_attention_cost(model, 8, 1024, dtype="int8", cores=8)
     assert c.hbm_read_byte == 8 * 1024 * (512 + 64 * 2)  # int8 latent, bf16 rope
     assert c.cube_peak_macs_per_cycle == model.macs_per_cycle("int8")
+    # IFA's split (int8): MTP tokens are units of their own, each reading the KV; on one core,
+    # one after the other, the second read hits the L2.
+    mtp = mla_attention_cost(model, 8, 1024, dtype="int8", cores=8, queries_per_request=2)
+    assert mtp.hbm_read_byte == 4 * 1024 * (512 + 64 * 2)
+    assert mtp.l2_hit_byte - c.l2_hit_byte > 0
 
 
-@pytest.mark.parametrize("tokens,kv,q,heads,cores", [(1, 4096, 1, 128, 24), (6, 700, 2, 128, 5), (5, 300, 1, 16, 3),
-                                                     (12, 1500, 3, 64, 7)])
-def test_native_matches_reference(model, tokens, kv, q, heads, cores):
-    a = mla_attention_cost(model, tokens, kv, MLAShape(heads=heads), cores=cores, queries_per_request=q)
-    b = mla_attention_cost(model, tokens, kv, MLAShape(heads=heads), cores=cores, queries_per_request=q,
+def test_ifa_split_by_hand():
+    from cmemu.die.fia_split import plan_split_ifa
+
+    # One request of 4096 on 24 cores: FlashDecode (1 <= 0.5 x 24, 4096 >= 2048); 24 parts would
+    # be 170 positions, fewer while under 512: 8 parts of 512, KV tile 256 (two per part).
+    p = plan_split_ifa(1, 1, 128, 4096, 24, 128)
+    assert p.cores_used == 8 and list(p.blocks_per_core) == [2] * 8 and p.s2_base == 256
+    assert [(h.request, h.splits) for h in p.fd_heads] == [(0, 8)] and [len(v) for v in p.combine] == [16]
+    # 13 requests (more than 0.5 x 24): no FlashDecode, one request per core on 13 cores.
+    p = plan_split_ifa(13, 1, 128, 4096, 24, 128)
+    assert p.cores_used == 13 and list(p.blocks_per_core) == [8] * 13 and not p.fd_heads
+    # MTP: never FlashDecode; 24 requests x 2 tokens = 48 units on 16 cores, 3 each.
+    p = plan_split_ifa(24, 2, 128, 4096, 16, 128)
+    assert p.cores_used == 16 and list(p.blocks_per_core) == [3 * 8] * 16 and set(p.rows.tolist()) == {128}
+
+
+@pytest.mark.parametrize("tokens,kv,q,heads,cores,dtype", [(1, 4096, 1, 128, 24, "bf16"), (6, 700, 2, 128, 5, "bf16"),
+                                                           (5, 300, 1, 16, 3, "bf16"), (12, 1500, 3, 64, 7, "bf16"),
+                                                           (2, 4096, 1, 128, 24, "int8")])
+def test_native_matches_reference(model, tokens, kv, q, heads, cores, dtype):
+    a = mla_attention_cost(model, tokens, kv, MLAShape(heads=heads), dtype, cores, queries_per_request=q)
+    b = mla_attention_cost(model, tokens, kv, MLAShape(heads=heads), dtype, cores, queries_per_request=q,
                            native=False)
     assert a == b
     for (ka, (sa, ea)), (kb, (sb, eb)) in zip(sorted(a.pipe_intervals.items()), sorted(b.pipe_intervals.items())):

@@ -53,10 +53,12 @@ iterations round by round and each round instruction by instruction
 chunk as they come.
 
 int8 (``cmemu.dtype``): FIA routes INT8 MLA to IFA's full-quant template
-(incre_flash_attention_preload_mla.h), which has the same pipeline; it is modelled as this
-schedule with int8 sizes (latent, Q and P in 1 B, rope in bf16, P requantised to int8), the
-latent k-steps at the int8 cube rate and the rope ones at bf16, and FIA's split (not IFA's, nor
-its L1 plan).
+(incre_flash_attention_preload_mla.h), which has the same C1 / V1 + C2 / V2 pipeline; it is
+modelled as this schedule with int8 sizes (latent, Q and P in 1 B, rope in bf16, P requantised to
+int8), the latent k-steps at the int8 cube rate and the rope ones at bf16, on IFA's split
+(``fia_split.plan_split_ifa``: units of 128 rows, so each MTP token its own unit reading the KV,
+FlashDecode only for few single-token requests, combined one request per AIV). IFA's own L1 plan
+and vector steps (it rescales O without AMLA) are not modelled: the FIA ones stand in.
 
 Left out: the attention mask of speculative tokens (it touches only a request's last tile), the
 KV cache write of the new token, paged-KV copies other than 128-position pages (one copy per
@@ -73,7 +75,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from cmemu.die.fia_split import FD_CHUNK_ROWS, SplitPlan, plan_split
+from cmemu.die.fia_split import FD_CHUNK_ROWS, SplitPlan, plan_split, plan_split_ifa
 from cmemu.die.kernels import AIV0, AIV1, CLUSTER_PIPES, FP32, _fetch_busy, vector_cycles
 from cmemu.die.l2 import lru_miss_byte
 from cmemu.die.model import AIC_PIPES, AIV_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size, finish_cost
@@ -706,15 +708,16 @@ def attention_tiles_cost(model: DieModel, plan: SplitPlan, dtype: str, native: b
 
     # K and V through the L2: objects of 128 positions x (a latent quarter or a rope half).
     slots = _kv_slots(sh)
-    pieces = ceil_div(plan.s2_base, N_L1)
-    tiles = int(plan.s2_tile.max()) + 1
+    if np.any(plan.first % N_L1):
+        raise ValueError(f"KV tiles must start at multiples of {N_L1} positions (the L2 model's objects)")
+    pieces = int((plan.first + plan.positions).max()) // N_L1 + 1  # of a request, at most
     obj_cols, byte_cols, slot_of = [], [], []
     for si, (which, piece, parts) in enumerate(slots):
         t = t0 if which == 0 else t1
         ok = t >= 0
         tt = np.where(ok, t, 0)
         prows = np.where(ok, np.clip(plan.positions[tt] - piece * N_L1, 0, N_L1), 0)
-        first_obj = ((plan.request[tt] * tiles + plan.s2_tile[tt]) * pieces + piece) * 6
+        first_obj = (plan.request[tt] * pieces + plan.first[tt] // N_L1 + piece) * 6
         for part in parts:
             obj_cols.append(first_obj + part)
             byte_cols.append(prows * (HEAD_DIM // 4 * ib if part < 4 else ROPE_DIM // 2 * ROPE_BYTES))
@@ -824,9 +827,13 @@ def _stretched(cost: OpCost, offset: int) -> dict:
     return {n: (np.asarray(s) * k + offset, np.asarray(e) * k + offset) for n, (s, e) in cost.pipe_intervals.items()}
 
 
-def plan_decode_attention(requests: int, queries_per_request: int, heads: int, kv_len: int, cores: int) -> SplitPlan:
-    """FIA's split of a decode attention: ``requests`` requests of ``queries_per_request``
-    tokens x ``heads`` rows each, every one over ``kv_len`` cached positions, on ``cores`` AIC."""
+def plan_decode_attention(requests: int, queries_per_request: int, heads: int, kv_len: int, cores: int,
+                          dtype: str = "bf16") -> SplitPlan:
+    """The split of a decode attention: ``requests`` requests of ``queries_per_request`` tokens x
+    ``heads`` rows each, every one over ``kv_len`` cached positions, on ``cores`` AIC: FIA's
+    (bf16, fp16), or IFA's for int8 (FIA routes INT8 MLA there, fused_infer_attention_score_tiling_v3.cpp:60-71)."""
+    if dtype == "int8":
+        return plan_split_ifa(requests, queries_per_request, heads, kv_len, cores, PAGE_POSITIONS)
     return plan_split([kv_len] * requests, queries_per_request * heads, cores, PAGE_POSITIONS)
 
 
@@ -835,7 +842,7 @@ def decode_attention_cost(model: DieModel, requests: int, queries_per_request: i
     """MLA decode attention (FIA's schedule) of ``requests`` requests on ``cores`` clusters:
     the tiles, then the FlashDecode combine if a row was split (its phases)."""
     model.macs_per_cycle(dtype)  # raises for a dtype the cube lacks
-    plan = plan_decode_attention(requests, queries_per_request, heads, kv_len, cores)
+    plan = plan_decode_attention(requests, queries_per_request, heads, kv_len, cores, dtype)
     tiles = attention_tiles_cost(model, plan, dtype, native)
     fd = flash_decode_cost(model, plan, native)
     if fd is None:

@@ -24,8 +24,10 @@ head: MLA) over their cached positions:
 - FlashDecode: a row (request, M tile) whose blocks land on k > 1 cores is combined afterwards
   from k partial results; the combine's 8-row chunks go to the AIVs by ``split_combine``.
 
+``plan_split_ifa`` is the older IFA rule FIA routes INT8 MLA to.
+
 Left out: sliding-window attention (FIA's banded split), requests with no cached positions,
-several KV heads (MLA has one).
+several KV heads (MLA has one); for IFA, unequal lengths (its balanced and sparse splits).
 """
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ class FDHead:
 class SplitPlan:
     """Work blocks and their cores. Block i (in request, M tile, S2 tile order) has
     ``request[i]``, ``m_tile[i]``, ``s2_tile[i]``, ``rows[i]`` query rows and ``positions[i]``
-    KV positions; core c runs blocks ``starts[c]`` to ``starts[c + 1] - 1``."""
+    KV positions from position ``first[i]`` of its request; core c runs blocks ``starts[c]`` to
+    ``starts[c + 1] - 1``."""
 
     m_base: int
     s2_base: int
@@ -103,6 +106,7 @@ class SplitPlan:
     s2_tile: np.ndarray
     rows: np.ndarray
     positions: np.ndarray
+    first: np.ndarray
     cost: np.ndarray  # per block
     starts: np.ndarray  # per used core, and the end
     fd_heads: tuple  # FDHead per split row, in block order
@@ -282,6 +286,90 @@ def plan_split(kv_lens, rows_per_request: int, cores: int, page_positions: int,
         k = len(np.unique(core_of[a:z]))
         if k > 1:
             heads.append(FDHead(int(req[a]), int(mt[a]), int(rows[a]), int(k)))
-    return SplitPlan(m_base, s2_base, req, mt, np.asarray(st, dtype=np.int64), np.asarray(rows, dtype=np.int64),
-                     np.asarray(pos, dtype=np.int64), np.asarray(cost, dtype=np.int64), starts, tuple(heads),
+    st = np.asarray(st, dtype=np.int64)
+    return SplitPlan(m_base, s2_base, req, mt, st, np.asarray(rows, dtype=np.int64), np.asarray(pos, dtype=np.int64),
+                     st * s2_base, np.asarray(cost, dtype=np.int64), starts, tuple(heads),
                      split_combine(heads, len(counts)))
+
+
+# IFA's rule for INT8 MLA (incre_flash_attention_tiling.cpp, _tiling_check.cpp): FIA routes
+# INT8 KV to IFA (fused_infer_attention_score_tiling_v3.cpp:60-71), whose full-quant MLA template
+# splits whole query units over the cores, or, for few requests, each request's KV into equal
+# parts (FlashDecode).
+IFA_M_ROWS = 128  # gMax_: query rows per unit (incre_flash_attention_tiling_impl.h:448)
+IFA_FD_REQUEST_RATIO = 0.5  # FlashDecode if requests <= 0.5 x cores (_tiling_check.cpp:1032-1037)
+IFA_FD_MIN_POSITIONS = 2048  # ... and (heads > 1) at least this long (_tiling_check.cpp:1044-1047)
+IFA_MIN_SPLIT_POSITIONS = 512  # fewer parts while a part would be shorter (_tiling.cpp:2253)
+
+
+def plan_split_ifa(requests: int, queries_per_request: int, heads: int, kv_len: int, cores: int,
+                   page_positions: int) -> SplitPlan:
+    """IFA's split of ``requests`` requests of ``queries_per_request`` tokens x ``heads`` rows,
+    all over ``kv_len`` positions (BSND layout, equal lengths), on ``cores`` AICs.
+
+    Units are (request, group of 128 // heads query tokens) (SplitUnbalanced, _tiling.cpp:
+    1990-2025). FlashDecode when one query token per request, at most 128 heads, requests <= 0.5
+    x cores and (heads == 1 or kv_len >= 2048) (IsFlashDecode, _tiling_check.cpp:990-1050): each
+    request's positions in cores // requests parts (fewer while a part would be under 512
+    positions), of ceil(kv_len / parts) rounded up to whole pages, one core each (SplitBNS,
+    _tiling.cpp:2246-2268); the KV tile is 512, 128 for 256-position parts, 256 for parts of 257
+    to 512 (CalcInnerSize, _tiling.cpp:2296-2318). Otherwise whole units in contiguous equal
+    counts on the fewest cores with the same largest count (SplitBN_V0, _tiling.cpp:2211-2244).
+    A FlashDecode request is combined on one AIV (ifa_mla.h:1635-1662)."""
+    if min(requests, queries_per_request, heads, kv_len, cores) < 1:
+        raise ValueError("IFA's split needs >= 1 request, query, head, position and core")
+    paged = -(-kv_len // page_positions) * page_positions
+    per_unit = max(1, min(IFA_M_ROWS // heads, queries_per_request))
+    n_units = -(-queries_per_request // per_unit)
+    unit_rows = [min(per_unit, queries_per_request - u * per_unit) * heads for u in range(n_units)]
+    fd = (queries_per_request == 1 and heads <= IFA_M_ROWS and requests <= IFA_FD_REQUEST_RATIO * cores
+          and (heads == 1 or kv_len >= IFA_FD_MIN_POSITIONS))
+    req, mt, st, rows, pos, first, counts, heads_fd = [], [], [], [], [], [], [], []
+    if fd:
+        parts = cores // requests
+        while kv_len // parts < IFA_MIN_SPLIT_POSITIONS and parts > 1:
+            parts -= 1
+        part_len = -(-(-(-paged // parts)) // page_positions) * page_positions
+        s2 = min(128 if part_len == 256 else (256 if 256 < part_len <= S2_BASE else S2_BASE), part_len)
+        for b in range(requests):
+            used = 0
+            for p in range(parts):
+                lo, hi = p * part_len, min((p + 1) * part_len, kv_len)
+                if lo >= hi:
+                    break
+                n = -(-(hi - lo) // s2)
+                for t in range(n):
+                    req.append(b)
+                    mt.append(0)
+                    st.append(t)
+                    rows.append(unit_rows[0])
+                    pos.append(min(s2, hi - lo - t * s2))
+                    first.append(lo + t * s2)
+                counts.append(n)
+                used += 1
+            if used > 1:
+                heads_fd.append(FDHead(b, 0, unit_rows[0], used))
+    else:
+        s2 = s2_tile_positions(kv_len, page_positions)
+        bn = requests * n_units
+        n_cores = -(-bn // -(-bn // cores))
+        base, extra = divmod(bn, n_cores)
+        per_core = [base + 1] * extra + [base] * (n_cores - extra)
+        n_tiles = -(-kv_len // s2)
+        for b in range(requests):
+            for u in range(n_units):
+                for t in range(n_tiles):
+                    req.append(b)
+                    mt.append(u)
+                    st.append(t)
+                    rows.append(unit_rows[u])
+                    pos.append(min(s2, kv_len - t * s2))
+                    first.append(t * s2)
+        counts = [c * n_tiles for c in per_core if c]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    combine = tuple(tuple((i, c) for c in range(h.chunks)) for i, h in enumerate(heads_fd))
+    n = len(req)
+    return SplitPlan(IFA_M_ROWS, s2, np.asarray(req, dtype=np.int64), np.asarray(mt, dtype=np.int64),
+                     np.asarray(st, dtype=np.int64), np.asarray(rows, dtype=np.int64), np.asarray(pos, dtype=np.int64),
+                     np.asarray(first, dtype=np.int64), np.full(n, UNIT_COST, dtype=np.int64), starts,
+                     tuple(heads_fd), combine)

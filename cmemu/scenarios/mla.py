@@ -47,7 +47,7 @@ def mla_rows(spec, tokens, kv_lens, heads, cores, dtype="bf16", queries_per_requ
                 except ValueError as exc:
                     raise CmemuError(str(exc)) from None
                 plan = plan_decode_attention(t // queries_per_request, queries_per_request, h, s,
-                                             cores or spec.die.aic_cores)
+                                             cores or spec.die.aic_cores, dtype)
                 att = next(p for p in c.phases if p.op == "mla_attention")
                 cube_cycles = att.pipe_busy_cycles["AIC.CUBE"] / att.aic_cores
                 hbm_cycles = att.hbm_byte / model.hbm_read_byte_per_cycle
