@@ -273,3 +273,12 @@ def test_decode_trace_gives_mtp_attention_its_two_queries_per_request():
     # each micro-batch's attention counts it as a whole request (3 requests of 2).
     odd = attention(DecodeConfig(ep=4, tokens_per_die=10, layers=2, mtp=True))
     assert {(a["cmemu.tokens"], a["cmemu.queries_per_request"]) for a in odd} == {(6, 2)}
+
+
+def test_a_huge_decode_attention_is_refused_before_planning(model):
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="pipe instructions"):
+        mla_attention_cost(model, 10**6, 4096)
+    assert time.perf_counter() - t0 < 1.0

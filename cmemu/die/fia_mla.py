@@ -842,6 +842,10 @@ def decode_attention_cost(model: DieModel, requests: int, queries_per_request: i
     """MLA decode attention (FIA's schedule) of ``requests`` requests on ``cores`` clusters:
     the tiles, then the FlashDecode combine if a row was split (its phases)."""
     model.macs_per_cycle(dtype)  # raises for a dtype the cube lacks
+    # Refuse a huge op before planning it: at least one block per request, 256 rows and 512
+    # positions, and over 100 instructions per block.
+    check_size("this decode attention", requests * ceil_div(queries_per_request * heads, 256)
+               * ceil_div(kv_len, 512) * 100)
     plan = plan_decode_attention(requests, queries_per_request, heads, kv_len, cores, dtype)
     tiles = attention_tiles_cost(model, plan, dtype, native)
     fd = flash_decode_cost(model, plan, native)
