@@ -130,101 +130,91 @@ class SplitPlan:
         return max((h.splits for h in self.fd_heads), default=1)
 
 
-class _Work:
-    """The blocks as requests of rows of blocks, with their costs (CalSplitBatchInfo)."""
-
-    def __init__(self, kv_lens, rows_per_request, m_base, s2_base, cores):
-        self.n_rows = -(-rows_per_request // m_base)  # M tiles per request
-        self.row_rows = [min(m_base, rows_per_request - g * m_base) for g in range(self.n_rows)]
-        self.n_blocks = [-(-int(s) // s2_base) for s in kv_lens]  # S2 tiles per request
-        total = self.n_rows * sum(self.n_blocks)
-        self.weighted = total > cores
-
-        def cost_of(b, g, s):
-            if not self.weighted:
-                return UNIT_COST
-            return block_cost(self.row_rows[g], min(s2_base, int(kv_lens[b]) - s * s2_base))
-
-        # per request: per row: the costs of its blocks
-        self.costs = [[[cost_of(b, g, s) for s in range(self.n_blocks[b])] for g in range(self.n_rows)]
-                      for b in range(len(kv_lens))]
-        self.row_cost = [[sum(r) for r in req] for req in self.costs]
-        self.total_cost = sum(sum(r) for r in self.row_cost)
-        self.total_blocks = total
+def _blocks(kv_lens, rows_per_request: int, m_base: int, s2_base: int, cores: int):
+    """The work blocks in order (request, M tile, S2 tile) as arrays, and their costs
+    (CalSplitBatchInfo, split_core.h:431-476)."""
+    lens = np.asarray(kv_lens, dtype=np.int64)
+    n_rows = -(-rows_per_request // m_base)  # M tiles per request
+    n_s2 = -(-lens // s2_base)  # S2 tiles per request
+    per_req = n_rows * n_s2
+    n = int(per_req.sum())
+    req = np.repeat(np.arange(len(lens)), per_req)
+    local = np.arange(n) - np.repeat(np.cumsum(per_req) - per_req, per_req)
+    nb = n_s2[req]
+    m_tile, s2_tile = local // nb, local % nb
+    rows = np.minimum(m_base, rows_per_request - m_tile * m_base)
+    positions = np.minimum(s2_base, lens[req] - s2_tile * s2_base)
+    if n > cores:
+        cost = COST_PER_ROWS * (-(-rows // ROWS_UNIT)) + COST_PER_POSITIONS * (-(-positions // POSITIONS_UNIT))
+    else:
+        cost = np.full(n, UNIT_COST, dtype=np.int64)
+    return req, m_tile, s2_tile, rows, positions, cost.astype(np.int64)
 
 
-def _fill(work: _Work, n_cores: int):
+def _fill(cost, prefix, req_end, row_end, n_cores: int):
     """GetBlockNumOnCore (split_core.h:305-429): fill ``n_cores`` cores in order, each up to its
-    share of the cost still unassigned. Returns (blocks per core, largest per-core cost)."""
-    b = g = s = 0  # the first unassigned block
-    n_req = len(work.costs)
-    unassigned = work.total_cost
+    share of the cost still unassigned. Blocks are flat indices; ``req_end[i]`` and
+    ``row_end[i]`` end block i's request and row (exclusive), ``prefix`` sums the costs.
+    Returns (blocks per core, largest per-core cost)."""
+    n = len(cost)
+    i = 0
+    unassigned = prefix[n]
     counts = []
     worst = 0
-
-    def req_left():
-        return sum(work.row_cost[b][g + 1:]) + sum(work.costs[b][g][s:])
-
-    def row_left():
-        return sum(work.costs[b][g][s:])
-
-    def normalise():
-        nonlocal b, g, s
-        if s >= work.n_blocks[b]:
-            g, s = g + 1, 0
-        if g >= work.n_rows:
-            b, g, s = b + 1, 0, 0
-
     core = 0
     while unassigned > 0 and core < n_cores:
         limit = unassigned // (n_cores - core)
-        cur = blk = 0
+        start = i
+        cur = 0
         done = False
         # 1. Whole (rest of) requests while within half the request's last block.
-        while limit + work.costs[b][-1][-1] // 2 >= cur + req_left():
-            cur += req_left()
-            blk += (work.n_rows - g - 1) * work.n_blocks[b] + work.n_blocks[b] - s
-            if b == n_req - 1:
+        while limit + cost[req_end[i] - 1] // 2 >= cur + prefix[req_end[i]] - prefix[i]:
+            cur += prefix[req_end[i]] - prefix[i]
+            i = req_end[i]
+            if i == n:
                 done = True
                 break
-            b, g, s = b + 1, 0, 0
         if not done:
-            # 2. Whole (rest of) rows of this request, never its last row, within half the
-            # row's last block.
-            while g < work.n_rows - 1 and limit + work.costs[b][g][-1] // 2 >= cur + row_left():
-                cur += row_left()
-                blk += work.n_blocks[b] - s
-                g, s = g + 1, 0
+            # 2. Whole (rest of) rows, never the request's last, within half the row's last block.
+            while row_end[i] != req_end[i] and limit + cost[row_end[i] - 1] // 2 >= cur + prefix[row_end[i]] - prefix[i]:
+                cur += prefix[row_end[i]] - prefix[i]
+                i = row_end[i]
             # 3. Single blocks of this row, within half a block (at least one), not past its end.
-            while s < work.n_blocks[b]:
-                c = work.costs[b][g][s]
-                if blk and limit + c // 2 < cur + c:
-                    break
-                cur += c
-                blk += 1
-                s += 1
-            normalise()
-        counts.append(blk)
+            end = row_end[i]
+            while i < end and (i == start or limit + cost[i] // 2 >= cur + cost[i]):
+                cur += cost[i]
+                i += 1
+        counts.append(i - start)
         worst = max(worst, cur)
         unassigned -= cur
         core += 1
     return counts, worst
 
 
-def split_blocks(kv_lens, rows_per_request: int, cores: int, m_base: int, s2_base: int):
-    """SplitCore (split_core.h:564-616): (blocks per used core, the work) with the smallest
-    largest per-core cost over the core counts from round(sqrt(blocks)) to ``cores`` (ties: the
-    fewer cores)."""
-    work = _Work(kv_lens, rows_per_request, m_base, s2_base, cores)
-    n = work.total_blocks
+def split_blocks(req, m_tile, cost, cores: int):
+    """SplitCore (split_core.h:564-616): the blocks per used core with the smallest largest
+    per-core cost over the core counts from round(sqrt(blocks)) to ``cores`` (ties: the fewer
+    cores)."""
+    n = len(cost)
+    row = req * (int(m_tile.max()) + 1) + m_tile
+    new_req = np.r_[True, req[1:] != req[:-1]]
+    new_row = np.r_[True, row[1:] != row[:-1]]
+    idx = np.arange(n)
+    # End (exclusive) of each block's request and row: the next start at or after it.
+    req_starts = np.r_[idx[new_req], n]
+    row_starts = np.r_[idx[new_row], n]
+    req_end = req_starts[np.searchsorted(req_starts, idx, side="right")].tolist()
+    row_end = row_starts[np.searchsorted(row_starts, idx, side="right")].tolist()
+    prefix = np.concatenate([[0], np.cumsum(cost)]).tolist()
+    cost_l = cost.tolist()
     hi = min(cores, n)
     lo = min(int(math.sqrt(n + 0.25) + 0.5), hi)
     best = None
     for k in range(lo, hi + 1):
-        counts, worst = _fill(work, k)
+        counts, worst = _fill(cost_l, prefix, req_end, row_end, k)
         if best is None or worst < best[1]:
             best = (counts, worst)
-    return best[0], work
+    return best[0]
 
 
 def split_combine(heads, cores_used: int) -> tuple:
@@ -262,33 +252,19 @@ def plan_split(kv_lens, rows_per_request: int, cores: int, page_positions: int,
     if m_base is None:
         m_base = m_tile_rows(len(kv_lens), rows_per_request, cores, len(set(kv_lens)) == 1)
     s2_base = s2_tile_positions(max(kv_lens), page_positions)
-    counts, work = split_blocks(kv_lens, rows_per_request, cores, m_base, s2_base)
-    req, mt, st, rows, pos, cost = [], [], [], [], [], []
-    for b, n_b in enumerate(work.n_blocks):
-        for g in range(work.n_rows):
-            for s in range(n_b):
-                req.append(b)
-                mt.append(g)
-                st.append(s)
-                rows.append(work.row_rows[g])
-                pos.append(min(s2_base, kv_lens[b] - s * s2_base))
-                cost.append(work.costs[b][g][s])
+    req, mt, st, rows, pos, cost = _blocks(kv_lens, rows_per_request, m_base, s2_base, cores)
+    counts = split_blocks(req, mt, cost, cores)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    req = np.asarray(req, dtype=np.int64)
-    mt = np.asarray(mt, dtype=np.int64)
     # FlashDecode heads (ReconSplitPlan, RecordFDInfo: split_core.h:280-303, 478-562): rows
     # whose blocks lie on more than one core, with that number of cores.
-    row_id = req * work.n_rows + mt
+    row_id = req * (int(mt.max()) + 1) + mt
     core_of = np.repeat(np.arange(len(counts)), counts)
-    heads = []
     first = np.flatnonzero(np.r_[True, row_id[1:] != row_id[:-1]])
-    for a, z in zip(first, np.r_[first[1:], len(row_id)]):
-        k = len(np.unique(core_of[a:z]))
-        if k > 1:
-            heads.append(FDHead(int(req[a]), int(mt[a]), int(rows[a]), int(k)))
-    st = np.asarray(st, dtype=np.int64)
-    return SplitPlan(m_base, s2_base, req, mt, st, np.asarray(rows, dtype=np.int64), np.asarray(pos, dtype=np.int64),
-                     st * s2_base, np.asarray(cost, dtype=np.int64), starts, tuple(heads),
+    # A row's cores: 1 + the core changes between consecutive blocks of the row.
+    inside = np.r_[0, ((core_of[1:] != core_of[:-1]) & (row_id[1:] == row_id[:-1])).astype(np.int64)]
+    cores_of_row = 1 + np.add.reduceat(inside, first)
+    heads = tuple(FDHead(int(req[a]), int(mt[a]), int(rows[a]), int(k)) for a, k in zip(first, cores_of_row) if k > 1)
+    return SplitPlan(m_base, s2_base, req, mt, st, rows, pos, st * s2_base, cost, starts, heads,
                      split_combine(heads, len(counts)))
 
 

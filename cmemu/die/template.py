@@ -137,17 +137,18 @@ def expand_interleaved(t_pipe, t_busy, t_lat, t_var, t_ptr, t_src, t_back, pipes
     lat = np.empty(n, dtype=np.int64)
     dep_ptr = np.zeros(n + 1, dtype=np.int64)
     dep_idx = np.empty(nd, dtype=np.int64)
-    # Program index of (block b, template instruction i): r_first[b] * nt + i * r_size[b] + rank.
-    r_first = np.empty(nb, dtype=np.int64)
-    r_size = np.empty(nb, dtype=np.int64)
+    # Program index of (block b, template instruction i): at[b] + i * step[b], where a round of
+    # step blocks starting at block f lists its instruction i from f * nt + i * step on.
+    at = np.empty(nb, dtype=np.int64)
+    step = np.empty(nb, dtype=np.int64)
     a = 0
     while a < nb:
         z = a
         while z < nb and block_round[z] == block_round[a]:
             z += 1
         for b in range(a, z):
-            r_first[b] = a
-            r_size[b] = z - a
+            at[b] = a * nt + (b - a)
+            step[b] = z - a
         a = z
     hist = np.full((n_clusters, 3), -1, dtype=np.int64)  # blocks 0, 1, 2 back on each cluster
     prev = np.full((nb, 3), -1, dtype=np.int64)
@@ -163,26 +164,28 @@ def expand_interleaved(t_pipe, t_busy, t_lat, t_var, t_ptr, t_src, t_back, pipes
     j = 0
     a = 0
     while a < nb:
-        z = a + r_size[a]
+        z = a + step[a]
         for i in range(nt):
+            tp = t_pipe[i]
+            v = t_var[i]
+            q0 = t_ptr[i]
+            q1 = t_ptr[i + 1]
             for b in range(a, z):
                 c = block_cluster[b]
-                tp = t_pipe[i]
                 if tp < pipes_per_cluster:
                     pipe[j] = c * pipes_per_cluster + tp
                 else:
                     pipe[j] = n_clusters * pipes_per_cluster + tp - pipes_per_cluster
-                v = t_var[i]
                 if v >= 0:
                     busy[j] = var_busy[b, v]
                     lat[j] = var_lat[b, v]
                 else:
                     busy[j] = t_busy[i]
                     lat[j] = t_lat[i]
-                for q in range(t_ptr[i], t_ptr[i + 1]):
+                for q in range(q0, q1):
                     h = prev[b, t_back[q]]
                     if h >= 0:
-                        dep_idx[e] = r_first[h] * nt + t_src[q] * r_size[h] + (h - r_first[h])
+                        dep_idx[e] = at[h] + t_src[q] * step[h]
                         e += 1
                 dep_ptr[j + 1] = e
                 j += 1
