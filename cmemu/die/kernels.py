@@ -204,9 +204,10 @@ AIV0, AIV1 = len(AIC_PIPES), len(AIC_PIPES) + len(AIV_PIPES)
 def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.ndarray, m: int, d_qk: int,
                    d_v: int, block: int, kv_len_of_block: np.ndarray, kv_shared: bool, dtype: str,
                    kv_object_of_block: np.ndarray, q_bytes: int, cores: int, native: bool = True) -> OpCost:
-    """Flash attention on ``cores`` clusters of 1 AIC + 2 AIV. A *unit* is one query tile (m
-    rows: a decode token's heads, or a prefill query block of one head); it visits its KV blocks
-    in order, and units go round-robin to the clusters.
+    """Flash attention on ``cores`` clusters of 1 AIC + 2 AIV (MLA prefill; decode attention
+    has its own schedule, ``cmemu.die.fia_mla``). A *unit* is one query tile (m rows: a prefill
+    query block of one head); it visits its KV blocks in order, and units go round-robin to the
+    clusters.
 
     Per KV block: MTE2 loads the K (and V) block into L1 (from L2 or HBM, as an LRU over the KV
     objects decides), the cube computes S = Q K^T and FixPipe writes S to GM; after a cross-core

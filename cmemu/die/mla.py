@@ -1,14 +1,17 @@
 """Multi-head latent attention (MLA, DeepSeek-V3 [DSV3]) on one die: decode in the absorbed form
 and prefill in the plain form, each as its phases run back to back on the op's cores.
 
-Decode (absorbed; per step, ``tokens`` queries each attending to ``kv_len`` cached positions;
-``mla_attention_cost`` is its attention phase alone, for traces that write the projections as
-ops of their own):
+Decode (absorbed; per step, ``tokens`` queries, ``queries_per_request`` of them per request (MTP:
+2), each request's attending to its ``kv_len`` cached positions; ``mla_attention_cost`` is its
+attention phase alone, for traces that write the projections as ops of their own):
   prologue (MLAProlog): RMSNorm(x) -> q_a projection -> RMSNorm -> q_b projection (heads x
   (nope + rope)); kv_a projection -> RMSNorm of the latent; RoPE on q_pe and k_pe; absorb W_uk
   into q (per head nope x kv_lora);
-  attention: per token, all heads at once against the compressed cache (kv_lora + rope values
-  per position, K and V the same latent), flash-style in KV blocks (kernels.attention_cost);
+  attention: per request, all heads of all its query tokens on one M axis against the
+  compressed cache (kv_lora + rope values per position, K and V the same latent), as CANN's
+  FusedInferAttentionScore MLA template splits and pipelines it (``cmemu.die.fia_mla``: work
+  blocks of <= 256 rows x 512 positions over the cores by FIA's cost rule, FlashDecode and its
+  combine when a request is split over cores);
   epilogue: W_uv per head (kv_lora -> v_head). The output projection is a separate op (gemm).
 Prefill (not absorbed; the last ``tokens`` of a causal sequence of ``kv_len`` positions, the
   earlier ones a reused prefix whose K and V are given): the same projections, kv_b projection to
@@ -24,7 +27,7 @@ position and those before it (the lower triangle, diagonal included), times head
 
 Projections run as int8 GEMMs with bf16 output (SPEC.md 2.8: everything large is INT8); the
 attention matmuls in the op's dtype (bf16 default). Left out: the KV cache write of the new
-token, MTP, split-KV across cores (one token's blocks stay on one cluster). In prefill each
+token (decode attention's own omissions: ``cmemu.die.fia_mla``). In prefill each
 head's K carries the 64 rope values every head shares: they travel with that head's KV block,
 so the L2 model (objects per head and block) charges their first HBM read once per head, not
 once: (heads - 1) x 64 values per position too many HBM bytes, under a fifth of the op's KV
@@ -39,6 +42,7 @@ from types import MappingProxyType
 import numpy as np
 
 from cmemu.die.gemm import gemm_cost
+from cmemu.die.fia_mla import HEAD_DIM, ROPE_DIM, decode_attention_cost
 from cmemu.die.kernels import attention_cost, vector_cost
 from cmemu.die.model import DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size
 
@@ -115,33 +119,35 @@ def _mla_cores(model: DieModel, cores: int | None) -> int:
 
 
 def mla_attention_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape = MLAShape(),
-                       dtype: str = "bf16", cores: int | None = None, native: bool = True) -> OpCost:
-    """The attention core of absorbed MLA decode alone (no projections): each token's queries
-    (all heads, kv_lora + rope values each) against its ``kv_len`` cached latents."""
+                       dtype: str = "bf16", cores: int | None = None, native: bool = True,
+                       queries_per_request: int = 1) -> OpCost:
+    """The attention core of absorbed MLA decode alone (no projections): ``tokens`` query tokens,
+    ``queries_per_request`` per request (MTP: 2), each request's queries (all heads, kv_lora +
+    rope values each) against its ``kv_len`` cached latents, as CANN's FusedInferAttentionScore
+    MLA template schedules it (``cmemu.die.fia_mla``)."""
     aic = _mla_cores(model, cores)
-    if tokens <= 0 or kv_len <= 0:
-        raise ValueError(f"MLA decode needs tokens > 0 and kv_len > 0, got {tokens}, {kv_len}")
+    if tokens <= 0 or kv_len <= 0 or queries_per_request <= 0:
+        raise ValueError(f"MLA decode needs tokens > 0, kv_len > 0 and queries_per_request > 0, got {tokens}, "
+                         f"{kv_len}, {queries_per_request}")
+    if tokens % queries_per_request:
+        raise ValueError(f"MLA decode of {tokens} tokens: not a whole number of requests of {queries_per_request} "
+                         "queries (cmemu.tokens must be a multiple of cmemu.queries_per_request)")
     s = shape
-    d_qk = s.kv_lora_rank + s.qk_rope
-    ib = DTYPE_BYTES[dtype]
-    blk = _kv_block(model, s.heads, d_qk, d_qk, dtype)
-    nb = ceil_div(kv_len, blk)
-    check_size("this decode attention", tokens * (nb + 1) * 64)
-    kv_blocks = np.full(tokens, nb, dtype=np.int64)
-    lens = np.tile(np.minimum(blk, kv_len - np.arange(nb) * blk), tokens).astype(np.int64)
-    objs = np.arange(tokens * nb, dtype=np.int64)  # every token has its own cache
-    return attention_cost(model, "mla_attention", tokens, kv_blocks, s.heads, d_qk, s.kv_lora_rank, blk, lens,
-                          True, dtype, objs, s.heads * d_qk * ib, aic, native)
+    if s.kv_lora_rank != HEAD_DIM or s.qk_rope != ROPE_DIM:
+        raise ValueError(f"FIA's MLA kernel is written for {HEAD_DIM} latent + {ROPE_DIM} rope values per position, "
+                         f"got {s.kv_lora_rank} + {s.qk_rope}")
+    return decode_attention_cost(model, tokens // queries_per_request, queries_per_request, s.heads, kv_len, dtype,
+                                 aic, native)
 
 
 def mla_decode_cost(model: DieModel, tokens: int, kv_len: int, shape: MLAShape = MLAShape(), dtype: str = "bf16",
-                    cores: int | None = None, native: bool = True) -> OpCost:
+                    cores: int | None = None, native: bool = True, queries_per_request: int = 1) -> OpCost:
     """One absorbed MLA decode op (prologue, attention, W_uv) on ``cores`` AIC (and twice as
-    many AIV)."""
+    many AIV); ``queries_per_request`` query tokens per request (MTP: 2) share its KV reads."""
     aic = _mla_cores(model, cores)
     aiv = 2 * aic
     s = shape
-    attn = mla_attention_cost(model, tokens, kv_len, shape, dtype, aic, native)
+    attn = mla_attention_cost(model, tokens, kv_len, shape, dtype, aic, native, queries_per_request)
     phases = _prologue(model, tokens, s, aic, aiv, native, absorbed=True)
     phases.append(attn)
     phases.append(gemm_cost(model, tokens, s.v_head, s.kv_lora_rank, s.heads, "bf16", cores=aic, native=native,

@@ -45,7 +45,8 @@ def _cost(die, key) -> OpCost:
     if op in ("mla_decode", "mla_attention"):
         shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
         fn = mla_decode_cost if op == "mla_decode" else mla_attention_cost
-        return fn(model, a["cmemu.tokens"], a["cmemu.kv_len"], shape, dtype, cores)
+        return fn(model, a["cmemu.tokens"], a["cmemu.kv_len"], shape, dtype, cores,
+                  queries_per_request=a.get("cmemu.queries_per_request", 1))
     if op == "mla_prefill":
         shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
         return mla_prefill_cost(model, a["cmemu.tokens"], shape, dtype, cores)

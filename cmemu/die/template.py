@@ -117,3 +117,77 @@ def expand(t_pipe, t_busy, t_lat, t_var, t_ptr, t_src, t_back, pipes_per_cluster
                     e += 1
             dep_ptr[j + 1] = e
     return pipe, busy, lat, dep_ptr, dep_idx[:e]
+
+
+@njit(cache=True)
+def expand_interleaved(t_pipe, t_busy, t_lat, t_var, t_ptr, t_src, t_back, pipes_per_cluster,
+                       block_cluster, block_round, var_busy, var_lat, n_clusters):
+    """As ``expand``, but the blocks come in rounds (``block_round``, non-decreasing: each
+    cluster's k-th block is in round k) and a round is listed instruction by instruction:
+    template instruction i of every block of the round, then instruction i + 1. Each cluster's
+    pipes keep their order and every dependency still points back; a shared pipe (the HBM) then
+    serves the clusters' requests interleaved as they come, not one block's all before the next
+    block's first."""
+    nt = t_pipe.shape[0]
+    nb = block_cluster.shape[0]
+    n = nt * nb
+    nd = t_src.shape[0] * nb
+    pipe = np.empty(n, dtype=np.int32)
+    busy = np.empty(n, dtype=np.int64)
+    lat = np.empty(n, dtype=np.int64)
+    dep_ptr = np.zeros(n + 1, dtype=np.int64)
+    dep_idx = np.empty(nd, dtype=np.int64)
+    # Program index of (block b, template instruction i): at[b] + i * step[b], where a round of
+    # step blocks starting at block f lists its instruction i from f * nt + i * step on.
+    at = np.empty(nb, dtype=np.int64)
+    step = np.empty(nb, dtype=np.int64)
+    a = 0
+    while a < nb:
+        z = a
+        while z < nb and block_round[z] == block_round[a]:
+            z += 1
+        for b in range(a, z):
+            at[b] = a * nt + (b - a)
+            step[b] = z - a
+        a = z
+    hist = np.full((n_clusters, 3), -1, dtype=np.int64)  # blocks 0, 1, 2 back on each cluster
+    prev = np.full((nb, 3), -1, dtype=np.int64)
+    for b in range(nb):
+        c = block_cluster[b]
+        hist[c, 2] = hist[c, 1]
+        hist[c, 1] = hist[c, 0]
+        hist[c, 0] = b
+        prev[b, 0] = b
+        prev[b, 1] = hist[c, 1]
+        prev[b, 2] = hist[c, 2]
+    e = 0
+    j = 0
+    a = 0
+    while a < nb:
+        z = a + step[a]
+        for i in range(nt):
+            tp = t_pipe[i]
+            v = t_var[i]
+            q0 = t_ptr[i]
+            q1 = t_ptr[i + 1]
+            for b in range(a, z):
+                c = block_cluster[b]
+                if tp < pipes_per_cluster:
+                    pipe[j] = c * pipes_per_cluster + tp
+                else:
+                    pipe[j] = n_clusters * pipes_per_cluster + tp - pipes_per_cluster
+                if v >= 0:
+                    busy[j] = var_busy[b, v]
+                    lat[j] = var_lat[b, v]
+                else:
+                    busy[j] = t_busy[i]
+                    lat[j] = t_lat[i]
+                for q in range(q0, q1):
+                    h = prev[b, t_back[q]]
+                    if h >= 0:
+                        dep_idx[e] = at[h] + t_src[q] * step[h]
+                        e += 1
+                dep_ptr[j + 1] = e
+                j += 1
+        a = z
+    return pipe, busy, lat, dep_ptr, dep_idx[:e]

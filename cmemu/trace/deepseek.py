@@ -156,8 +156,13 @@ def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
                 a = comp(r, 0, f"{tag}.mb{mb}.rope", "rope", 32, [a], rows=t * (HEADS + 1), cols=QK_ROPE)
                 a = comp(r, 0, f"{tag}.mb{mb}.absorb_uk", "grouped_gemm", 16, [a], m=t, n=KV_LORA, k=QK_NOPE,
                          groups=HEADS, dtype="bf16")
-                a = comp(r, 0, f"{tag}.mb{mb}.attention", "mla_attention", 16, [a], tokens=t, kv_len=cfg.kv_len,
-                         heads=HEADS)
+                # With MTP a request's two query tokens share its KV reads (queries_per_request 2).
+                # An odd micro-batch has a request whose other token is in the other micro-batch:
+                # counted as a whole request here (its KV is read in both, as it would be; its
+                # cube work one query too many).
+                mtp = {"queries_per_request": 2} if cfg.mtp else {}
+                a = comp(r, 0, f"{tag}.mb{mb}.attention", "mla_attention", 16, [a], tokens=t + t % 2 if cfg.mtp else t,
+                         kv_len=cfg.kv_len, heads=HEADS, **mtp)
                 a = comp(r, 0, f"{tag}.mb{mb}.absorb_uv", "grouped_gemm", 16, [a], m=t, n=V_HEAD, k=KV_LORA,
                          groups=HEADS, dtype="bf16")
                 a = comp(r, 0, f"{tag}.mb{mb}.o_proj", "gemm", 16, [a], m=t, n=HIDDEN, k=HEADS * V_HEAD, dtype=wdt)

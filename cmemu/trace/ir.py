@@ -56,8 +56,8 @@ _ROWS_COLS = ("aiv", ("cmemu.rows", "cmemu.cols"), ())
 COMP_OPS = {
     "gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k"), ("cmemu.tile_m", "cmemu.tile_n")),
     "grouped_gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups"), ("cmemu.tile_m", "cmemu.tile_n")),
-    "mla_decode": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
-    "mla_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
+    "mla_decode": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads", "cmemu.queries_per_request")),
+    "mla_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads", "cmemu.queries_per_request")),
     "mla_prefill": ("aic", ("cmemu.tokens",), ("cmemu.heads",)),
     "mla_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
     "rmsnorm": _ROWS_COLS,
@@ -69,7 +69,8 @@ COMP_OPS = {
 # Ops that run on clusters of 1 AIC + 2 AIV: cmemu.cores counts the AIC, each holds its 2 AIV.
 CLUSTER_OPS = frozenset({"mla_decode", "mla_attention", "mla_prefill", "mla_prefill_attention"})
 COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile_m", "cmemu.tile_n",
-                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.rows", "cmemu.cols")
+                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.queries_per_request", "cmemu.rows",
+                    "cmemu.cols")
 COMM_PLANES = ("ub", "rdma", "vpc")
 
 # JSON numbers beyond 2**53 are not exact in a double, so no tool chain can be trusted with them.
@@ -1035,6 +1036,11 @@ def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
         if isinstance(tokens, int) and isinstance(kv_len, int) and kv_len < tokens:
             err(i, f"{pre}{kv_len} is fewer than cmemu.tokens ({tokens}): the queries are the last "
                 "cmemu.tokens of the cmemu.kv_len positions", label, "cmemu.kv_len")
+    if op in ("mla_decode", "mla_attention"):
+        tokens, per = raw.get("cmemu.tokens"), raw.get("cmemu.queries_per_request")
+        if isinstance(tokens, int) and isinstance(per, int) and per >= 1 and tokens % per:
+            err(i, f"{pre}cmemu.tokens ({tokens}) is not a whole number of requests of {per} queries: make it a "
+                "multiple of cmemu.queries_per_request", label, "cmemu.queries_per_request")
     if "cmemu.unit" in raw and raw["cmemu.unit"] != unit:
         err(i, f"{pre}cmemu.op \"{op}\" runs on {unit}; leave cmemu.unit out", label, "cmemu.unit")
     attrs["cmemu.unit"] = unit
