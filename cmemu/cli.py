@@ -267,10 +267,12 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
     """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
     import json
 
+    from cmemu.output.atomic import atomic_open, check_output
     from cmemu.run import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
 
+    check_output(output)  # before the work: a target that cannot be written should not cost it
     spec = load_system(system or DEFAULT_SYSTEM, overrides)
     if phase == "prefill":
         cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
@@ -284,8 +286,7 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
                            dispatch_engine=dispatch_engine or "aiv", skew=skew, layers=layers, seed=seed)
         doc = decode_trace(cfg, spec.name, spec.dies)
         what = f"{cfg.tokens_per_die} tokens/die"
-    tmp = output.with_name(f".{output.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(output, "w", encoding="utf-8") as f:
         if output.suffix == ".jsonl":
             f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"}) + "\n")
             for node in doc["nodes"]:
@@ -294,7 +295,6 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
             f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"})[:-1] + ', "nodes": [\n')
             f.write(",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]))
             f.write("\n]}\n")
-    tmp.replace(output)
     click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}")
 
 
