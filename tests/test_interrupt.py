@@ -1,8 +1,12 @@
-"""Interrupted runs (DESIGN.md, "Bad input"): Ctrl-C stops `cmemu run` with one line and exit
-status 130 and leaves no file at the output path and no temporary file; SIGKILL leaves at most the
-hidden temporary file beside the target. The signal tests run the real command on a trace big
-enough to still be running after a second or two; the in-process tests place the interrupt
-exactly (between engine slices, in the middle of writing the timeline).
+"""Interrupted commands (DESIGN.md, "Bad input"): Ctrl-C stops `cmemu run` with one line and exit
+status 130, SIGTERM (kill, timeout, batch schedulers) with one line and 143, and neither leaves a
+file at the output path or a temporary file; SIGKILL leaves at most the hidden temporary file
+beside the target. The same holds for `export perfetto`, `trace gen` and `report --plots` (whose
+PNGs are renamed into place all together, or none).
+
+The signal tests run the real command on a trace big enough to still be running after a second
+or two; the in-process tests place the interrupt exactly (between engine slices, in the middle
+of writing an output), most with a real signal this process sends itself.
 """
 from __future__ import annotations
 
@@ -159,3 +163,120 @@ def test_interrupt_while_writing_the_timeline_in_process(tmp_path, monkeypatch):
     assert result.stderr.splitlines() == [INTERRUPTED]
     assert calls and os.path.basename(calls[0]).startswith(".tiny.h5.tmp-")
     assert not out.exists() and os.listdir(out.parent) == []
+
+
+# -- SIGTERM, and the other commands that write a file --------------------------------------------
+
+TERMINATED = "cmemu: terminated; no output written"
+
+
+def test_sigterm_while_the_engine_runs(big_trace, tmp_path):
+    out = tmp_path / "out" / "big.h5"
+    out.parent.mkdir()
+    proc = _start(big_trace, out)
+    seen = _wait_for_progress(proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    stderr = seen + stderr.decode()
+    assert proc.returncode == 143, (proc.returncode, stderr)
+    assert "Traceback" not in stderr
+    assert stderr.rstrip("\n").split("\n")[-1] == TERMINATED, stderr
+    assert os.listdir(out.parent) == []
+
+
+def _signal_on_call(monkeypatch, module, name, signum, at_call=1):
+    """Replace ``module.name`` by a wrapper that sends this process ``signum`` on its
+    ``at_call``-th call (Python then raises KeyboardInterrupt, or Terminated under the CLI's
+    SIGTERM handler, at the next instruction); returns the list of calls so far."""
+    real = getattr(module, name)
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def timeline(tmp_path_factory):
+    path = tmp_path_factory.mktemp("timeline") / "tiny.h5"
+    result = CliRunner().invoke(main, ["run", str(_tiny_trace(path.parent)), "-o", str(path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_signal_while_writing_the_timeline(signum, code, line, tmp_path, monkeypatch):
+    import cmemu.output.hdf5 as hdf5
+
+    calls = _signal_on_call(monkeypatch, hdf5, "_write_hbm", signum)  # the last group written
+    out = tmp_path / "out" / "tiny.h5"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out), "--quiet"])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and calls
+    assert os.listdir(out.parent) == []
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_signal_while_exporting(signum, code, line, timeline, tmp_path, monkeypatch):
+    import cmemu.output.perfetto as perfetto
+
+    monkeypatch.setattr(perfetto, "_WRITE_ROWS", 16)  # many chunks: the signal lands mid-file
+    calls = _signal_on_call(monkeypatch, perfetto, "_us", signum, at_call=4)
+    out = tmp_path / "out" / "tiny.json.gz"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["export", "perfetto", str(timeline), "-o", str(out)])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and len(calls) == 4
+    assert os.listdir(out.parent) == []
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_signal_while_trace_gen_writes(signum, code, line, suffix, tmp_path, monkeypatch):
+    # Before, an interrupt here left a hidden .NAME.tmp as big as the trace.
+    calls = _signal_on_call(monkeypatch, json, "dumps", signum, at_call=500)  # one call per node
+    out = tmp_path / "out" / f"step{suffix}"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["trace", "gen", "deepseek-r1", "--system", "mini", "--layers", "1",
+                                       "-o", str(out)])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and len(calls) >= 500
+    assert os.listdir(out.parent) == []
+
+
+def test_interrupt_while_plotting_writes_no_plot(timeline, tmp_path, monkeypatch):
+    # Before, the PNGs drawn so far stayed (one of them truncated) under "no output written".
+    import cmemu.output.report as report
+
+    _signal_on_call(monkeypatch, report, "_op_types", signal.SIGINT)  # the third of the plots
+    plots = tmp_path / "p"
+    result = CliRunner().invoke(main, ["report", str(timeline), "--plots", str(plots)])
+    assert result.exit_code == 130, (result.output, result.exception)
+    assert result.stderr.splitlines() == [INTERRUPTED]
+    assert os.listdir(plots) == []
+
+
+def test_interrupt_while_the_plots_are_renamed_names_them_all(timeline, tmp_path, monkeypatch):
+    # The renames are held together: an interrupt during them lands after the last, and the
+    # line says what was written.
+    import cmemu.output.atomic as atomic
+
+    _signal_on_call(monkeypatch, atomic.os, "replace", signal.SIGINT)
+    plots = tmp_path / "p"
+    result = CliRunner().invoke(main, ["report", str(timeline), "--plots", str(plots)])
+    monkeypatch.undo()
+    assert result.exit_code == 130, (result.output, result.exception)
+    names = sorted(os.listdir(plots))
+    assert names == ["gantt.png", "hbm.png", "links.png", "op_types.png"]
+    written = ", ".join(str(plots / n) for n in ("gantt.png", "links.png", "op_types.png", "hbm.png"))
+    assert result.stderr.splitlines() == [f"cmemu: interrupted; wrote {written} before it"]
+
