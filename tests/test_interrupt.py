@@ -2,7 +2,8 @@
 status 130, SIGTERM (kill, timeout, batch schedulers) with one line and 143, and neither leaves a
 file at the output path or a temporary file; SIGKILL leaves at most the hidden temporary file
 beside the target. The same holds for `export perfetto`, `trace gen` and `report --plots` (whose
-PNGs are renamed into place all together, or none).
+PNGs are renamed into place all together, or none), and a Ctrl-C to a sweep's whole process
+group (its Dask workers included) prints one line too.
 
 The signal tests run the real command on a trace big enough to still be running after a second
 or two; the in-process tests place the interrupt exactly (between engine slices, in the middle
@@ -280,3 +281,65 @@ def test_interrupt_while_the_plots_are_renamed_names_them_all(timeline, tmp_path
     written = ", ".join(str(plots / n) for n in ("gantt.png", "links.png", "op_types.png", "hbm.png"))
     assert result.stderr.splitlines() == [f"cmemu: interrupted; wrote {written} before it"]
 
+
+# -- sweeps: a Ctrl-C to the whole process group --------------------------------------------------
+
+SWEEP = """\
+scenario = "ub-p2p"
+system = "mini"
+[options]
+sizes = "512"
+a2a_dies = 0
+op = "write"
+[grid]
+ub.link_rate_gbit_per_s = [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111]
+"""
+
+
+def _sweep_signalled(tmp_path, signum, group: bool, when):
+    """Start `cmemu sweep` in a session of its own (its own process group, as a shell runs a
+    command), wait for ``when(out)``, send ``signum`` to the group (a Ctrl-C at the terminal)
+    or to the command alone; returns (exit status, stderr, out folder)."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SWEEP)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "cmemu.cli", "sweep", str(sweep), "-o", str(out),
+                             "--workers", "2", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not when(out):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() - t0 < 120
+            time.sleep(0.05)
+        (os.killpg if group else os.kill)(proc.pid, signum)
+        _stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, stderr.decode(), out
+
+
+def _points_done(out):
+    return any((out / "points").glob("*/results.json")) if (out / "points").is_dir() else False
+
+
+KEPT = "finished points are kept in {out}, and a re-run skips them"
+
+
+@pytest.mark.parametrize("moment", ["as the workers start", "while points run"])
+def test_ctrl_c_to_a_sweeps_process_group_prints_one_line(moment, tmp_path):
+    # Before, the workers took the SIGINT as their own, and each logged dozens of lines of
+    # tracebacks before cmemu's line (while they started, as they imported Dask).
+    when = (lambda out: (out / "points").is_dir()) if moment == "as the workers start" else _points_done
+    code, stderr, out = _sweep_signalled(tmp_path, signal.SIGINT, True, when)
+    assert code == 130, stderr
+    assert stderr.splitlines() == ["cmemu: interrupted; " + KEPT.format(out=out)], stderr
+
+
+def test_sigterm_to_a_sweep_prints_one_line(tmp_path):
+    code, stderr, out = _sweep_signalled(tmp_path, signal.SIGTERM, False, _points_done)
+    assert code == 143, stderr
+    assert stderr.splitlines() == ["cmemu: terminated; " + KEPT.format(out=out)], stderr
+    assert not [p for p in out.rglob(".*")], "a temporary file was left"
