@@ -3,7 +3,8 @@
 Worker *processes*, one thread each: the event loop of the Cython core holds the GIL, so threads
 would run the points one at a time; processes also keep a crashing point (a segfault, memory
 exhaustion) to its own worker, which the nanny restarts. Scheduling, retries of lost workers and
-data movement are Dask's; cmemu only submits one task per point.
+data movement are Dask's; cmemu only submits one task per point. The local cluster's workers
+leave a Ctrl-C (which a terminal sends to the whole process group) to cmemu, which closes them.
 """
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def connect(scheduler: str | None, workers: int):
                     n_workers=workers, threads_per_worker=1, processes=True,
                     dashboard_address=":0",  # any free port: other users of the machine may hold 8787
                     silence_logs=logging.ERROR,
-                    preload=[__name__],  # dask_setup below, in every worker process
+                    preload=[__name__],  # dask_setup, in every worker process
                 ))
                 client = stack.enter_context(Client(cluster))
         else:
