@@ -1,7 +1,8 @@
 """Output files against careless and hostile targets (cmemu.output.atomic): a link planted at a
 temporary name is never written through; a link, device file or FIFO as the target is refused;
 an output that is the input (the same file) is refused; a missing or read-only folder is refused
-before the work; a full disk is one line and exit status 2 with no file left behind. Every
+before the work; a full disk is one line and exit status 2 with no file left behind; any name a
+command line can pass (hypothesis, over Unicode) is written whole or refused in one line. Every
 command that writes a user-named file is tried: `run`, `export perfetto`, `trace gen`,
 `report --plots`, `sweep`.
 
@@ -19,6 +20,8 @@ import stat
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cmemu.output.atomic as atomic
 from cmemu.cli import main
@@ -425,3 +428,29 @@ def test_reason_reads_the_errno_in_an_h5py_message():
     assert atomic._reason(OSError(H5PY_ENOSPC)) == "No space left on device"
     assert atomic._reason(OSError(errno.EACCES, "Permission denied")) == "Permission denied"
     assert atomic._reason(OSError("Unable to write (no errno)")) == "Unable to write (no errno)"
+
+
+# -- any name -------------------------------------------------------------------------------------
+
+# What a command line can pass: no NUL, no lone surrogate but those of undecodable bytes
+# (surrogateescape); "/" left out so that the name is one file in the folder.
+NAMES = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00/")
+                | st.sampled_from(["\udc80", "\udcff"]), min_size=1, max_size=300).filter(
+    lambda n: n not in (".", ".."))
+
+
+@settings(deadline=None, max_examples=40)
+@given(name=NAMES)
+def test_any_output_name_is_written_whole_or_refused_in_one_line(name, timeline, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("names")
+    result = invoke("export", "perfetto", timeline, "-o", folder / name)
+    if result.exit_code == 0:
+        assert _listing(folder) == [name]
+    else:
+        assert "File name too long" in one_error_line(result)
+        assert not [n for n in _listing(folder) if ".tmp-" in n]
+
+
+def test_a_name_python_cannot_encode_is_one_error(tmp_path):
+    with pytest.raises(OutputError, match="not valid in this file system's encoding"):
+        check_output(tmp_path / "\ud800.h5")

@@ -147,6 +147,11 @@ def check_output(path, inputs=()) -> Path:
     path = Path(path)
     if not path.name or path.name in (".", ".."):
         raise OutputError(f"cannot write {path}: name a file, not a folder")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate, from Python (a command line cannot pass one)
+        raise OutputError(f"cannot write {ascii(str(path))}: the name is not valid in this file system's "
+                          "encoding") from None
     _check_target(path, inputs)
     _check_folder(_folder(path), path)
     return path
