@@ -1,9 +1,12 @@
 """The ``cmemu`` command line. Every CmemuError becomes one line on stderr and exit status 2."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +17,39 @@ from cmemu.scenarios.common import MemorySize
 
 EXIT_INPUT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report a command stopped by kill or timeout
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, timeout, batch schedulers), raised where Python runs signal handlers, so
+    that it unwinds and cleans up exactly as Ctrl-C does (a KeyboardInterrupt, not an Exception:
+    no ``except Exception`` takes it for an error)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises Terminated for the block (in the main thread, where handlers run; not
+    where SIGTERM was set to be ignored), then is handled as before."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupted_exit(exc: KeyboardInterrupt, message: str) -> None:
+    """One line ``cmemu: interrupted; MESSAGE`` (``terminated`` for SIGTERM), exit 130 or 143."""
+    term = isinstance(exc, Terminated)
+    click.echo(f"cmemu: {'terminated' if term else 'interrupted'}; {message}", err=True)
+    sys.exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED)
 
 
 def _one_line(message: str) -> str:
@@ -26,19 +62,25 @@ def _fail(message: str) -> None:
 
 
 def reports_errors(fn):
-    """Turn CmemuError (bad trace, bad preset, blocked run) into one line and exit status 2,
-    and Ctrl-C into one line and exit status 130 (output files are only ever renamed into
-    place when complete, so an interrupted command leaves none)."""
+    """Turn CmemuError (bad trace, bad preset, blocked run, unwritable output) into one line and
+    exit status 2, and Ctrl-C (SIGTERM) into one line and exit status 130 (143). Output files
+    are only ever renamed into place when complete (cmemu.output.atomic), so an interrupted
+    command leaves none; the line names any it had renamed into place before the interrupt."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from cmemu.output.atomic import COMMITTED
+
+        before = len(COMMITTED)
         try:
-            return fn(*args, **kwargs)
+            with sigterm_as_interrupt():
+                return fn(*args, **kwargs)
         except CmemuError as exc:
             _fail(str(exc))
-        except KeyboardInterrupt:
-            click.echo("cmemu: interrupted; no output written", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:
+            written = COMMITTED[before:]
+            interrupted_exit(exc, f"wrote {', '.join(map(str, written))} before it" if written
+                             else "no output written")
 
     return wrapper
 
@@ -271,10 +313,12 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
     """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
     import json
 
+    from cmemu.output.atomic import atomic_open, check_output
     from cmemu.run import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
 
+    check_output(output)  # before the work: a target that cannot be written should not cost it
     spec = load_system(system or DEFAULT_SYSTEM, overrides)
     if phase == "prefill":
         cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
@@ -289,8 +333,7 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
                            lm_head_tp=lm_head_tp)
         doc = decode_trace(cfg, spec.name, spec.dies)
         what = f"{cfg.tokens_per_die} tokens/die"
-    tmp = output.with_name(f".{output.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(output, "w", encoding="utf-8") as f:
         if output.suffix == ".jsonl":
             f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"}) + "\n")
             for node in doc["nodes"]:
@@ -299,7 +342,6 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
             f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"})[:-1] + ', "nodes": [\n')
             f.write(",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]))
             f.write("\n]}\n")
-    tmp.replace(output)
     click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}")
 
 
@@ -398,10 +440,8 @@ def _sweep(sweep_file, output, scheduler, workers, dry_run, quiet):
         return
     try:
         r = run_sweep(sw, output, scheduler=scheduler, workers=workers, progress=not quiet)
-    except KeyboardInterrupt:
-        click.echo(f"cmemu: interrupted; finished points are kept in {output}, and a re-run skips them",
-                   err=True)
-        sys.exit(130)  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+    except KeyboardInterrupt as exc:
+        interrupted_exit(exc, f"finished points are kept in {output}, and a re-run skips them")
     ran = f"{r.ran} run" + (f" on {scheduler}" if scheduler else f" on {r.workers} local workers" if r.ran else "")
     click.echo(f"sweep {sweep_file}: {len(r.outcomes)} points: {ran}, {r.skipped} skipped (finished before), "
                f"{len(r.failed)} failed; {r.wall_time_s:.1f} s")

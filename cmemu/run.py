@@ -570,10 +570,14 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
 
     t0 = time.perf_counter()
     if output is not None:
+        from cmemu.output.atomic import check_output
         from cmemu.output.schema import check_compression, check_detail
 
         check_detail(detail)  # before the run: an unwritable detail level should not cost a run
         check_compression(compression)
+        # and neither should a target that cannot be written: a missing or read-only folder, a
+        # device file or link, or the trace itself.
+        check_output(output, inputs=(trace_path,))
     if fabric_model not in FABRIC_MODELS:
         raise CmemuError(f"--fabric must be one of {', '.join(FABRIC_MODELS)}, got {fabric_model!r}")
     if int(pipe_intervals) < 1:
@@ -669,7 +673,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         whole.wall_time_s = max(built, series[2]) - t0
         return whole
 
-    write_timeline(output, result, compression=compression, detail=detail, hbm_later=complete)
+    write_timeline(output, result, compression=compression, detail=detail, hbm_later=complete, inputs=(trace_path,))
     return whole
 
 

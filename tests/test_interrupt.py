@@ -1,8 +1,13 @@
-"""Interrupted runs (DESIGN.md, "Bad input"): Ctrl-C stops `cmemu run` with one line and exit
-status 130 and leaves no file at the output path and no temporary file; SIGKILL leaves at most the
-hidden temporary file beside the target. The signal tests run the real command on a trace big
-enough to still be running after a second or two; the in-process tests place the interrupt
-exactly (between engine slices, in the middle of writing the timeline).
+"""Interrupted commands (DESIGN.md, "Bad input"): Ctrl-C stops `cmemu run` with one line and exit
+status 130, SIGTERM (kill, timeout, batch schedulers) with one line and 143, and neither leaves a
+file at the output path or a temporary file; SIGKILL leaves at most the hidden temporary file
+beside the target. The same holds for `export perfetto`, `trace gen` and `report --plots` (whose
+PNGs are renamed into place all together, or none), and a Ctrl-C to a sweep's whole process
+group (its Dask workers included) prints one line too.
+
+The signal tests run the real command on a trace big enough to still be running after a second
+or two; the in-process tests place the interrupt exactly (between engine slices, in the middle
+of writing an output), most with a real signal this process sends itself.
 """
 from __future__ import annotations
 
@@ -103,7 +108,7 @@ def test_sigkill_leaves_at_most_a_temporary_file(big_trace, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert not out.exists()
     for name in os.listdir(out.parent):
-        assert re.fullmatch(rf"\.big\.h5\.tmp-{proc.pid}", name), name
+        assert re.fullmatch(r"\.big\.h5\.tmp-[0-9a-f]{16}", name), name
 
 
 def _tiny_trace(tmp_path):
@@ -159,3 +164,182 @@ def test_interrupt_while_writing_the_timeline_in_process(tmp_path, monkeypatch):
     assert result.stderr.splitlines() == [INTERRUPTED]
     assert calls and os.path.basename(calls[0]).startswith(".tiny.h5.tmp-")
     assert not out.exists() and os.listdir(out.parent) == []
+
+
+# -- SIGTERM, and the other commands that write a file --------------------------------------------
+
+TERMINATED = "cmemu: terminated; no output written"
+
+
+def test_sigterm_while_the_engine_runs(big_trace, tmp_path):
+    out = tmp_path / "out" / "big.h5"
+    out.parent.mkdir()
+    proc = _start(big_trace, out)
+    seen = _wait_for_progress(proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    stderr = seen + stderr.decode()
+    assert proc.returncode == 143, (proc.returncode, stderr)
+    assert "Traceback" not in stderr
+    assert stderr.rstrip("\n").split("\n")[-1] == TERMINATED, stderr
+    assert os.listdir(out.parent) == []
+
+
+def _signal_on_call(monkeypatch, module, name, signum, at_call=1):
+    """Replace ``module.name`` by a wrapper that sends this process ``signum`` on its
+    ``at_call``-th call (Python then raises KeyboardInterrupt, or Terminated under the CLI's
+    SIGTERM handler, at the next instruction); returns the list of calls so far."""
+    real = getattr(module, name)
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def timeline(tmp_path_factory):
+    path = tmp_path_factory.mktemp("timeline") / "tiny.h5"
+    result = CliRunner().invoke(main, ["run", str(_tiny_trace(path.parent)), "-o", str(path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_signal_while_writing_the_timeline(signum, code, line, tmp_path, monkeypatch):
+    import cmemu.output.hdf5 as hdf5
+
+    calls = _signal_on_call(monkeypatch, hdf5, "_write_hbm", signum)  # the last group written
+    out = tmp_path / "out" / "tiny.h5"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out), "--quiet"])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and calls
+    assert os.listdir(out.parent) == []
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_signal_while_exporting(signum, code, line, timeline, tmp_path, monkeypatch):
+    import cmemu.output.perfetto as perfetto
+
+    monkeypatch.setattr(perfetto, "_WRITE_ROWS", 16)  # many chunks: the signal lands mid-file
+    calls = _signal_on_call(monkeypatch, perfetto, "_us", signum, at_call=4)
+    out = tmp_path / "out" / "tiny.json.gz"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["export", "perfetto", str(timeline), "-o", str(out)])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and len(calls) == 4
+    assert os.listdir(out.parent) == []
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_signal_while_trace_gen_writes(signum, code, line, suffix, tmp_path, monkeypatch):
+    # Before, an interrupt here left a hidden .NAME.tmp as big as the trace.
+    calls = _signal_on_call(monkeypatch, json, "dumps", signum, at_call=500)  # one call per node
+    out = tmp_path / "out" / f"step{suffix}"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["trace", "gen", "deepseek-r1", "--system", "mini", "--layers", "1",
+                                       "-o", str(out)])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and len(calls) >= 500
+    assert os.listdir(out.parent) == []
+
+
+def test_interrupt_while_plotting_writes_no_plot(timeline, tmp_path, monkeypatch):
+    # Before, the PNGs drawn so far stayed (one of them truncated) under "no output written".
+    import cmemu.output.report as report
+
+    _signal_on_call(monkeypatch, report, "_op_types", signal.SIGINT)  # the third of the plots
+    plots = tmp_path / "p"
+    result = CliRunner().invoke(main, ["report", str(timeline), "--plots", str(plots)])
+    assert result.exit_code == 130, (result.output, result.exception)
+    assert result.stderr.splitlines() == [INTERRUPTED]
+    assert os.listdir(plots) == []
+
+
+def test_interrupt_while_the_plots_are_renamed_names_them_all(timeline, tmp_path, monkeypatch):
+    # The renames are held together: an interrupt during them lands after the last, and the
+    # line says what was written.
+    import cmemu.output.atomic as atomic
+
+    _signal_on_call(monkeypatch, atomic.os, "replace", signal.SIGINT)
+    plots = tmp_path / "p"
+    result = CliRunner().invoke(main, ["report", str(timeline), "--plots", str(plots)])
+    monkeypatch.undo()
+    assert result.exit_code == 130, (result.output, result.exception)
+    names = sorted(os.listdir(plots))
+    assert names == ["gantt.png", "hbm.png", "links.png", "op_types.png"]
+    written = ", ".join(str(plots / n) for n in ("gantt.png", "links.png", "op_types.png", "hbm.png"))
+    assert result.stderr.splitlines() == [f"cmemu: interrupted; wrote {written} before it"]
+
+
+# -- sweeps: a Ctrl-C to the whole process group --------------------------------------------------
+
+SWEEP = """\
+scenario = "ub-p2p"
+system = "mini"
+[options]
+sizes = "512"
+a2a_dies = 0
+op = "write"
+[grid]
+ub.link_rate_gbit_per_s = [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111]
+"""
+
+
+def _sweep_signalled(tmp_path, signum, group: bool, when):
+    """Start `cmemu sweep` in a session of its own (its own process group, as a shell runs a
+    command), wait for ``when(out)``, send ``signum`` to the group (a Ctrl-C at the terminal)
+    or to the command alone; returns (exit status, stderr, out folder)."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SWEEP)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "cmemu.cli", "sweep", str(sweep), "-o", str(out),
+                             "--workers", "2", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not when(out):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() - t0 < 120
+            time.sleep(0.05)
+        (os.killpg if group else os.kill)(proc.pid, signum)
+        _stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, stderr.decode(), out
+
+
+def _points_done(out):
+    return any((out / "points").glob("*/results.json")) if (out / "points").is_dir() else False
+
+
+KEPT = "finished points are kept in {out}, and a re-run skips them"
+
+
+@pytest.mark.parametrize("moment", ["as the workers start", "while points run"])
+def test_ctrl_c_to_a_sweeps_process_group_prints_one_line(moment, tmp_path):
+    # Before, the workers took the SIGINT as their own, and each logged dozens of lines of
+    # tracebacks before cmemu's line (while they started, as they imported Dask).
+    when = (lambda out: (out / "points").is_dir()) if moment == "as the workers start" else _points_done
+    code, stderr, out = _sweep_signalled(tmp_path, signal.SIGINT, True, when)
+    assert code == 130, stderr
+    assert stderr.splitlines() == ["cmemu: interrupted; " + KEPT.format(out=out)], stderr
+
+
+def test_sigterm_to_a_sweep_prints_one_line(tmp_path):
+    code, stderr, out = _sweep_signalled(tmp_path, signal.SIGTERM, False, _points_done)
+    assert code == 143, stderr
+    assert stderr.splitlines() == ["cmemu: terminated; " + KEPT.format(out=out)], stderr
+    assert not [p for p in out.rglob(".*")], "a temporary file was left"

@@ -6,8 +6,8 @@ a time (gzip: up to PENDING_CHUNKS compressed at once, in threads), rows put in 
 time too, so writing needs memory for a few chunks beyond the arrays the run already holds; the
 op names (a Python list in ``Lowered``) are encoded chunk by chunk too.
 
-Written to a temporary file beside the target and renamed at the end, so an interrupted run
-never leaves a half-written file under the target name. The reader is ``cmemu.output.reader``.
+Written to a temporary file beside the target and renamed at the end (``cmemu.output.atomic``),
+so an interrupted run never leaves a half-written file under the target name. The reader is ``cmemu.output.reader``.
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from cmemu.output.schema import (
     check_compression,
     check_detail,
 )
+from cmemu.output.atomic import atomic_path
 from cmemu.output.columns import has_repeats, lexsort_order, sum_by
 from cmemu.output.summary import die_summary
 from cmemu.topology import LINK_KIND_NAMES
@@ -151,27 +152,25 @@ class _Writer:
         return ds
 
 
-def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks", hbm_later=None) -> Path:
-    """Write a RunResult to ``path`` (atomically: temporary file, then rename).
+def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks", hbm_later=None,
+                   inputs=()) -> Path:
+    """Write a RunResult to ``path`` (``cmemu.output.atomic``: a temporary file created
+    exclusively, renamed at the end; refused over any of ``inputs``, the trace for a run).
 
     ``hbm_later``: a function giving the whole result, ``result`` lacking its HBM series (and
     wall time) until then (``run.trace_result_hbm_later``): called once the rest is written."""
     check_detail(detail)
     w = _Writer(compression)
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with h5py.File(tmp, "w") as f:
-            _write(f, result, w, detail, hbm=hbm_later is None)
-            if hbm_later is not None:
-                result = hbm_later()
-                f.attrs["wall_time_s"] = float(result.wall_time_s)
-                _write_hbm(f["dies"], result, w)
-            w.flush()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with atomic_path(path, inputs) as tmp:
+            with h5py.File(tmp, "x") as f:  # "x": O_EXCL, never opens what is at the name
+                _write(f, result, w, detail, hbm=hbm_later is None)
+                if hbm_later is not None:
+                    result = hbm_later()
+                    f.attrs["wall_time_s"] = float(result.wall_time_s)
+                    _write_hbm(f["dies"], result, w)
+                w.flush()
     finally:
         w.close()
     return path

@@ -34,10 +34,11 @@ trace's ``otherData.moe_flows`` says so).
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import heapq
+import io
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from cmemu.errors import CmemuError
+from cmemu.output.atomic import atomic_open
 from cmemu.output.schema import PACKET_TYPE_NAMES, PIPE_NAMES
 
 DEFAULT_MAX_EVENTS = 2_000_000
@@ -150,8 +152,11 @@ def assign_lanes(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.nd
 
 def export_perfetto(timeline, out_path, max_events: int = DEFAULT_MAX_EVENTS, window: str | None = None) -> ExportInfo:
     """Write ``timeline`` (a path or an open Timeline) as gzipped Chrome trace JSON to ``out_path``."""
+    from cmemu.output.atomic import check_output
     from cmemu.output.reader import Timeline, open_timeline
 
+    # Before any work: a target that cannot be written, or that is the timeline itself.
+    check_output(out_path, inputs=(timeline.path if isinstance(timeline, Timeline) else timeline,))
     t = timeline if isinstance(timeline, Timeline) else open_timeline(timeline)
     try:
         return _export(t, Path(out_path), int(max_events), parse_window(window))
@@ -434,38 +439,47 @@ def _export(t, out: Path, max_events: int, win: tuple[int, int] | None) -> Expor
                               f'"args":{{"GB/s":{v:.6g}}}}}')
         return lines
 
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     written = len(meta)
-    try:
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
-            f.write('{"displayTimeUnit":"ns","otherData":')
-            f.write(json.dumps({
-                "generator": f"cmemu {t.attrs.get('cmemu_version', '?')}", "timeline": str(t.path),
-                "preset": t.attrs.get("preset"), "sim_end_us": end_us, "time_unit": "us (ts and dur)",
-                "window_us": None if win is None else [win[0] / 1e6, win[1] / 1e6],
-                "tasks": t.tasks_status(), "link_counters": "GB/s per bin" if bins is not None else "not recorded",
-                "hbm_counters": hbm_counters,
-                "moe_flows": (f"{pairs['dispatch_op'].size} dispatch->combine pairs" if t.has_moe_pairs()
-                              else f"not in layout version {t.version} (v4 records them)"),
-                "packets": packets_note,
-            }))
-            f.write(',"traceEvents":[\n')
-            f.write(",\n".join(json.dumps(e, separators=(",", ":")) for e in meta))
-            sep = ",\n" if meta else ""
-            for lo in range(0, order.size, _WRITE_ROWS):
-                lines = chunk_lines(order[lo:lo + _WRITE_ROWS])
-                if lines:
-                    f.write(sep)
-                    f.write(",\n".join(lines))
-                    sep = ",\n"
-                written += len(lines)
-            f.write("\n]}\n")
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_open(out, "wb", inputs=(t.path,)) as raw, _gzip_text(raw, out.name) as f:
+        f.write('{"displayTimeUnit":"ns","otherData":')
+        f.write(json.dumps({
+            "generator": f"cmemu {t.attrs.get('cmemu_version', '?')}", "timeline": str(t.path),
+            "preset": t.attrs.get("preset"), "sim_end_us": end_us, "time_unit": "us (ts and dur)",
+            "window_us": None if win is None else [win[0] / 1e6, win[1] / 1e6],
+            "tasks": t.tasks_status(), "link_counters": "GB/s per bin" if bins is not None else "not recorded",
+            "hbm_counters": hbm_counters,
+            "moe_flows": (f"{pairs['dispatch_op'].size} dispatch->combine pairs" if t.has_moe_pairs()
+                          else f"not in layout version {t.version} (v4 records them)"),
+            "packets": packets_note,
+        }))
+        f.write(',"traceEvents":[\n')
+        f.write(",\n".join(json.dumps(e, separators=(",", ":")) for e in meta))
+        sep = ",\n" if meta else ""
+        for lo in range(0, order.size, _WRITE_ROWS):
+            lines = chunk_lines(order[lo:lo + _WRITE_ROWS])
+            if lines:
+                f.write(sep)
+                f.write(",\n".join(lines))
+                sep = ",\n"
+            written += len(lines)
+        f.write("\n]}\n")
     return ExportInfo(out, written, written - len(meta), total, win, int(keep_op.sum()), int(keep_task.sum()),
                       int(m.size), int(ci.size), int(fl_moe[m].sum()), kept_pkt, packets_note)
+
+
+@contextlib.contextmanager
+def _gzip_text(raw, name: str):
+    """Text into gzip (level 6) on the open binary file ``raw``; the header names ``name`` (what
+    gunzip -N restores), not the temporary file. After an exception the stream is closed quietly,
+    so that an error while flushing it (a full disk) does not hide the first one."""
+    f = io.TextIOWrapper(gzip.GzipFile(filename=name, mode="wb", fileobj=raw, compresslevel=6), encoding="utf-8")
+    try:
+        yield f
+    except BaseException:
+        with contextlib.suppress(Exception):
+            f.close()
+        raise
+    f.close()
 
 
 def _counter_rows(key, b, nbytes, bin_ps):

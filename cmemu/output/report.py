@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from cmemu.errors import CmemuError
+from cmemu.output.atomic import atomic_files, output_folder
 from cmemu.output.reader import busiest_links, open_timeline
 from cmemu.output.schema import PIPE_NAMES
 from cmemu.output.summary import HBM_CAPACITY_ACHIEVED
@@ -138,6 +139,8 @@ def run_report(path, plots_dir=None, window=None, dies=None, as_json=False, echo
     with open_timeline(path) as t:
         win = parse_window(window) or (0, max(t.sim_end_ps, 1))
         die_list = parse_dies(dies, t.dies_count)
+        if plots_dir is not None:  # before the work: a folder that takes no file
+            plots_dir = output_folder(plots_dir)
         s = t.summary()
         if as_json:
             s["busiest_links"] = busiest_links(t, 10)
@@ -146,8 +149,6 @@ def run_report(path, plots_dir=None, window=None, dies=None, as_json=False, echo
             echo(report_text(t, s))
         written = []
         if plots_dir is not None:
-            plots_dir = Path(plots_dir)
-            plots_dir.mkdir(parents=True, exist_ok=True)
             written = write_plots(t, s, plots_dir, win, die_list)
             if not as_json:
                 echo("")
@@ -158,22 +159,25 @@ def run_report(path, plots_dir=None, window=None, dies=None, as_json=False, echo
         return written
 
 
-def write_plots(t, s: dict, out: Path, win: tuple[int, int], dies: list[int]) -> list[Path]:
+def write_plots(t, s: dict, out: Path, win: tuple[int, int], dies: list[int], inputs=()) -> list[Path]:
+    """Write the PNGs into the folder ``out``: all of them, or (after an error or an interrupt)
+    none (``cmemu.output.atomic.atomic_files``); never over the timeline or another of ``inputs``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     plots = [("gantt.png", _gantt), ("links.png", _links), ("op_types.png", _op_types)]
     if t.has_hbm_bins():
         plots.append(("hbm.png", _hbm))
-    for name, fn in plots:
-        fig = fn(plt, t, s, win, dies)
-        p = out / name
-        fig.savefig(p, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        paths.append(p)
+    paths = [Path(out) / name for name, _fn in plots]
+    with atomic_files(paths, "wb", inputs=(*inputs, t.path)) as files:
+        for (_name, fn), f in zip(plots, files):
+            fig = fn(plt, t, s, win, dies)
+            try:
+                fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
+            finally:
+                plt.close(fig)
     return paths
 
 

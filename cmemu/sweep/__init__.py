@@ -11,13 +11,13 @@ Importing this package does not import Dask (only running a sweep does).
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cmemu.errors import CmemuError
+from cmemu.output.atomic import atomic_open, check_output, output_folder
 from cmemu.sweep.plan import Point, Sweep, SweepFileError, load_sweep, point_key
 from cmemu.sweep.summary import read_summary
 
@@ -45,11 +45,15 @@ class SweepOutcome:
     workers: int = 0
 
 
-def _write_json(path: Path, doc) -> None:
-    """Whole or not at all: a temporary file beside the target, renamed into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def _write_json(path: Path, doc, inputs=()) -> None:
+    """Whole or not at all (cmemu.output.atomic: a temporary file beside the target, renamed)."""
+    with atomic_open(path, "w", inputs=inputs, encoding="utf-8") as f:
+        f.write(json.dumps(doc, indent=2, allow_nan=True) + "\n")
+
+
+def _inputs(sweep: Sweep) -> tuple:
+    """The files a sweep reads, which none of its outputs may replace."""
+    return (sweep.path, *dict.fromkeys(p.trace_path for p in sweep.points if p.trace_path))
 
 
 def point_status(out_dir, point: Point) -> str:
@@ -82,7 +86,12 @@ def run_sweep(sweep, out_dir, scheduler: str | None = None, workers: int | None 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CmemuError(f"{out}: exists and is not a folder")
-    (out / POINTS_DIR).mkdir(parents=True, exist_ok=True)
+    # Before any point runs: the folders exist and take files, and the summary can be written.
+    output_folder(out)
+    inputs = _inputs(sweep)
+    for name in (SUMMARY_CSV, SUMMARY_HDF5):
+        check_output(out / name, inputs)
+    output_folder(out / POINTS_DIR)
     result = SweepOutcome(sweep, out)
     unique = {p.key: p for p in sweep.points}
     todo = []
@@ -94,29 +103,29 @@ def run_sweep(sweep, out_dir, scheduler: str | None = None, workers: int | None 
         else:
             todo.append(p)
     for p in todo:
-        folder = out / POINTS_DIR / p.key
-        folder.mkdir(exist_ok=True)
+        folder = output_folder(out / POINTS_DIR / p.key)
         _write_json(folder / CONFIG_FILE, {"key": p.key, "config": p.config, "parameters": p.parameters,
-                                           "trace_path": p.trace_path})
+                                           "trace_path": p.trace_path}, inputs)
     if todo:
         n = min(workers or default_workers(), len(todo))
         result.workers = n if scheduler is None else 0
-        _run_points(todo, out, scheduler, n, progress, result)
+        _run_points(todo, out, scheduler, n, progress, result, inputs)
     rows, columns = summary_rows(sweep, result.outcomes)
     result.rows, result.columns = rows, columns
     result.failed = [k for k, o in result.outcomes.items() if o["status"] != "ok"]
     from cmemu import __version__
 
-    write_csv(out / SUMMARY_CSV, rows, columns)
+    write_csv(out / SUMMARY_CSV, rows, columns, inputs)
     write_hdf5(out / SUMMARY_HDF5, rows, columns, {
         "cmemu_version": __version__, "sweep_file": str(sweep.path), "sweep_toml": sweep.text,
         "points": len(unique), "failed": len(result.failed),
-    })
+    }, inputs)
     result.wall_time_s = time.perf_counter() - t0
     return result
 
 
-def _run_points(todo: list, out: Path, scheduler, workers: int, progress: bool, result: SweepOutcome):
+def _run_points(todo: list, out: Path, scheduler, workers: int, progress: bool, result: SweepOutcome,
+                inputs=()):
     from distributed import as_completed
 
     from cmemu.sweep.cluster import connect
@@ -147,7 +156,7 @@ def _run_points(todo: list, out: Path, scheduler, workers: int, progress: bool, 
                                "error": "its worker process died while running it (out of memory? a crash?): "
                                         f"{type(exc).__name__}: {exc}"}
                 fut.release()
-                _store(out / POINTS_DIR / p.key, outcome)
+                _store(out / POINTS_DIR / p.key, outcome, inputs)
                 result.outcomes[p.key] = outcome
                 result.ran += 1
                 failed += outcome["status"] != "ok"
@@ -159,9 +168,9 @@ def _run_points(todo: list, out: Path, scheduler, workers: int, progress: bool, 
             bar.close()
 
 
-def _store(folder: Path, outcome: dict) -> None:
+def _store(folder: Path, outcome: dict, inputs=()) -> None:
     if outcome["status"] == "ok":
-        _write_json(folder / RESULTS_FILE, outcome)
+        _write_json(folder / RESULTS_FILE, outcome, inputs)
         (folder / ERROR_FILE).unlink(missing_ok=True)  # a retried point that now succeeds
     else:
-        _write_json(folder / ERROR_FILE, outcome)
+        _write_json(folder / ERROR_FILE, outcome, inputs)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from pathlib import Path
+
+from cmemu.output.atomic import atomic_open, atomic_path
 
 FIXED_COLUMNS = ("point", "status")
 TAIL_COLUMNS = ("wall_time_s", "error")
@@ -64,25 +65,23 @@ def _cell(v):
     return "" if v is None else v
 
 
-def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+def write_csv(path: Path, rows: list[dict], columns: list[str], inputs=()) -> None:
+    """Whole or not at all, never over ``inputs`` (cmemu.output.atomic)."""
+    with atomic_open(path, "w", inputs=inputs, newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(columns)
         for r in rows:
             w.writerow([_cell(r.get(c)) for c in columns])
-    os.replace(tmp, path)
 
 
-def write_hdf5(path: Path, rows: list[dict], columns: list[str], attrs: dict) -> None:
+def write_hdf5(path: Path, rows: list[dict], columns: list[str], attrs: dict, inputs=()) -> None:
     """Group ``/summary``: one 1-D dataset per column, in the order of its ``columns``
     attribute. Integer and boolean columns with a value in every row keep their type; other
     numeric columns are float64 with NaN where a row has none; the rest are UTF-8 strings."""
     import h5py
     import numpy as np
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with h5py.File(tmp, "w") as f:
+    with atomic_path(path, inputs) as tmp, h5py.File(tmp, "x") as f:  # "x": O_EXCL
         g = f.create_group("summary")
         g.attrs["columns"] = json.dumps(columns)
         for k, v in attrs.items():
@@ -100,7 +99,6 @@ def write_hdf5(path: Path, rows: list[dict], columns: list[str], attrs: dict) ->
             else:
                 data = np.array([str(_cell(v)) for v in values], dtype=h5py.string_dtype())
             g.create_dataset(c, data=data)
-    os.replace(tmp, path)
 
 
 def read_summary(path):
