@@ -163,7 +163,7 @@ def test_deterministic(tmp_path):
     np.testing.assert_array_equal(a.tasks["end_ps"], b.tasks["end_ps"])
 
 
-@pytest.mark.parametrize("faults", [None, [{"fail": "l2:0.1", "at_ns": 3000}]])
+@pytest.mark.parametrize("faults", [None, [{"fail": "l2:0.1", "at_ns": 10000}]])
 def test_native_and_reference_agree_on_collectives(tmp_path, faults):
     # MoE dispatch and combine on AIV-Direct (a send op per batch of writes, one flag send and one
     # flag receive per member), an SDMA all-to-all and an AIV all-reduce, with a vector kernel

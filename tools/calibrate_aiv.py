@@ -88,13 +88,14 @@ def main():
     ap.add_argument("--ep", default="8,16,32", help="EP degrees to fit on")
     ap.add_argument("--check", default="64,128", help="EP degrees only predicted with the fitted values")
     ap.add_argument("--iters", type=int, default=8, help="golden-section steps per parameter")
+    ap.add_argument("--write", type=float, default=None, help="take this write start-up (ns) instead of fitting it")
     args = ap.parse_args()
     eps = [int(x) for x in args.ep.split(",") if x]
     check = [int(x) for x in args.check.split(",") if x]
     base = load_system(args.system).comm
     cache = {}
     print("fitting the write start-up on the combine column:")
-    w = fit(args.system, [], WRITE, eps, True, cache, args.iters)
+    w = args.write if args.write is not None else fit(args.system, [], WRITE, eps, True, cache, args.iters)
     print("fitting the read start-up on the dispatch column:")
     r = fit(args.system, [f"{WRITE}={w}"], READ, eps, False, cache, args.iters)
     fitted = [f"{WRITE}={w}", f"{READ}={r}"]

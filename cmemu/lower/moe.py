@@ -32,7 +32,7 @@ Normal dispatch (``kernel = "normal"``): a count exchange (notify_dispatch: each
 flag to its target dies, waits for theirs and pulls their counts), two host synchronisations,
 then each AIV quantises its pairs into the die's *own* window, all barrier and write status
 flags, poll, barrier, and each AIV *pulls* the tokens of its slots from the sources' windows
-(remote reads, two in flight: double buffering) into expert order. Normal combine is the
+(remote reads, one at a time, its stores of a row under the next read) into expert order. Normal combine is the
 low-latency one without the rotation and with a full barrier (PipeBarrier<PIPE_ALL>) after each
 row's write, so that the AIV's next load waits for it too.
 
@@ -345,7 +345,7 @@ def _ll_pair_writes(ctx, m, entry, dst_of_pair, bounds, work, local_write, setup
 
 def _pull(ctx, m, start, rows_of_slot, sbounds, write_b, hidden, local):
     """Normal dispatch's last step on member m: each core reads its slots' tokens from the source
-    dies' windows, two reads in flight (double buffered), and stores them in expert order."""
+    dies' windows, one at a time, and stores them in expert order under the next read."""
     b = ctx.b
     st = steps_of(ctx.die)
     members = len(ctx.ops)
@@ -367,7 +367,10 @@ def _pull(ctx, m, start, rows_of_slot, sbounds, write_b, hidden, local):
         # after the last read, its row's stores, and any local rows (read from one's own window).
         tail = st.copy_rows_ps(n_local, write_b, (TRIPLE_BYTE, 4, hidden)) if n_local else 0
         tail += st.c(sum(st.mte3(x) for x in (TRIPLE_BYTE, 4, hidden)) + st.hbm_wr)
-        _stream(ctx, m, srcs[remote], write_b, 0, 2, c, -1, recv, kind=MSG_READ)
+        # One read in flight: the kernel dequeues each token (EnQue then DeQue) before it issues
+        # its stores and the next read ([SKN] cam_moe_dispatch_normal.h ShareToOutputLongSeq); the
+        # double buffer lets the stores of one row run under the next read.
+        _stream(ctx, m, srcs[remote], write_b, 0, 1, c, -1, recv, kind=MSG_READ)
         done = _op(ctx, m, "copy", kind=OP_COMP, dur=tail, aiv=1, lane=ctx.lane_aiv)
         b.edges(recv, done)
         ends.append(done)
