@@ -51,7 +51,7 @@ EDGE_BYTES = 40  # a dependency: its CSR entry plus the lowering's edge lists
 MESSAGE_BYTES = 200  # lowered (22 B) and engine (8 B) per-message arrays, the columns they are built from
 # A collective's internal ops and messages: no trace node, no /ops or /messages row, built in
 # blocks of their final size (cmemu/lower/builder.py). At the end of the EP320 decode step's run
-# (5 to 61 layers): an op about 90 B lowered, 64 B OpInfo, 8 B message list, 36 B HBM sharing
+# (5 to 61 layers): an op about 90 B lowered, 64 B OpInfo, 8 B message list, 40 B HBM sharing
 # for half of them; a message 22 B lowered and 8 B in the engine (its packets to come and its
 # place in its op's list; no delivery time is kept). Rounded up.
 INNER_OP_BYTES = 200
@@ -341,8 +341,9 @@ class RunResult:
     pipe_intervals: int | None = None  # at most this many per COMP op and pipe in pipe_tasks
     # --detail packets: every packet's transmission on every link (schema.PACKET_FIELDS), to /packets
     packets: dict | None = None
-    hbm_clock: dict | None = None  # Engine.hbm_clock(): each die's HBM clock (HBM shared by its ops)
+    hbm_clock: dict | None = None  # Engine.hbm_clock(): each die's HBM share (its level) after every change
     hbm_shared_ops: np.ndarray | None = None  # Engine.hbm_shared_ops: the ops that shared it
+    hbm_shared_demand: np.ndarray | None = None  # Engine.hbm_shared_demand: their demands, bytes/s
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
@@ -622,7 +623,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
                       record_packets=record, record_deliveries=lowered.leading_trace_messages(),
                       drop_engine_inputs=not record)
     # Its run state: the rest of the results are built without it (the op times read first).
-    hbm_shared_ops = engine.hbm_shared_ops
+    hbm_shared_ops, hbm_shared_demand = engine.hbm_shared_ops, engine.hbm_shared_demand
     engine.release(keep_op_times=True)
     op_start, op_end = np.asarray(engine.op_start_ps), np.asarray(engine.op_end_ps)
     engine.release()
@@ -648,6 +649,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         packets=engine.packet_records() if record else None,
         hbm_clock=engine.hbm_clock(),
         hbm_shared_ops=hbm_shared_ops,
+        hbm_shared_demand=hbm_shared_demand,
         fabric_model=fabric_model,
     )
     del engine  # with record_packets, its copy of the records
@@ -717,7 +719,7 @@ HBM_SPREAD_INTERVALS = 1_000_000
 def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     """Each op's HBM bytes spread over its run, per die, stack and bin (the link counters' bins):
     (per-die series, per-stack series). Evenly in time, or, for an op that shared its die's HBM,
-    as the die's HBM clock advanced (``cmemu._core.binning``). The bytes of an op go to the stacks as the
+    as it progressed at the share it got (``cmemu._core.binning``). The bytes of an op go to the stacks as the
     address interleave puts a contiguous region (``cmemu.die.hbm.stack_bytes``); the trace gives no
     addresses, so a die's ops take regions one after the other, in op order. The per-die series is
     the per-stack one summed, so both agree."""
@@ -743,14 +745,18 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     # A MEM op's bytes move before its access latency, which ends it.
     end = full.op_end_ps[ops] - np.where(L.op_kind[ops] == OP_KIND_MEM, L.op_lat_ps[ops], 0)
     np.maximum(start, end, out=end)
-    # An op that shared its die's HBM moved its bytes as the die's HBM clock ran (faster alone).
-    shared = clock = None
+    # An op that shared its die's HBM moved its bytes at the speed its share gave it (full speed
+    # alone or below the die's level): by its demand and the die's share records.
+    shared_ops = shared_demand = clock = None
     if full.hbm_clock is not None and len(full.hbm_clock["die"]):
-        if full.hbm_shared_ops is not None:  # the engine's (op durations may be gone: drop_engine_inputs)
-            shared = np.zeros(L.num_ops, dtype=bool)
-            shared[full.hbm_shared_ops] = True
+        if full.hbm_shared_ops is not None and full.hbm_shared_demand is not None:
+            # The engine's (op durations and cores may be gone: drop_engine_inputs).
+            shared_ops, shared_demand = full.hbm_shared_ops, full.hbm_shared_demand
         else:
-            shared = hbm_sharing(L)[1] > 0
+            rate = hbm_sharing(L)[1]
+            shared_ops = np.flatnonzero(rate > 0)
+            shared_demand = rate[shared_ops]
+            del rate
         clock = clock_tables(full.hbm_clock, dies)
     period = hp.pseudo_channels * hp.granule_byte
 
@@ -765,13 +771,20 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
         base %= period
         return stack_bytes(hp, nbytes, base)
 
+    def demand_of(a, b):
+        # Of rows a:b (0: the op did not share); the shared ops are in op order.
+        if not shared_ops.size:
+            return np.zeros(b - a)
+        at = np.minimum(np.searchsorted(shared_ops, ops[a:b]), shared_ops.size - 1)
+        return np.where(shared_ops[at] == ops[a:b], shared_demand[at], 0).astype(np.float64)
+
     def clock_of(a, b):
-        return np.where(shared[ops[a:b]], L.op_rank[ops[a:b]], -1)
+        return np.where(demand_of(a, b) > 0, L.op_rank[ops[a:b]], -1)
 
     # A die's cells depend on its own ops only: the dies are spread a group at a time, so that the
     # per-(op, stack) bytes of a big run are never all in memory at once.
-    cols = bin_by_die(ptr, start, end, stack_share, bin_ps, clock_of=None if shared is None else clock_of,
-                      clock=clock, group_rows=max(1, HBM_SPREAD_INTERVALS // stacks))
+    cols = bin_by_die(ptr, start, end, stack_share, bin_ps, clock_of=None if clock is None else clock_of,
+                      clock=clock, group_rows=max(1, HBM_SPREAD_INTERVALS // stacks), demand=demand_of)
     per_stack = {"bin_ps": bin_ps, "stacks": stacks, "die": cols[0], "stack": cols[1], "bin": cols[2],
                  "bytes": cols[3]}
     per_die = {"bin_ps": bin_ps, "die": cols[4], "bin": cols[5], "bytes": cols[6]}

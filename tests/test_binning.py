@@ -41,37 +41,43 @@ def test_hbm_series_adds_up_to_the_ops_hbm_bytes():
     assert per_die.max() < 1.05 * per_die.min()
 
 
-def test_a_clock_spreads_by_its_advance_native_and_reference():
+def test_a_share_spreads_by_the_ops_progress_native_and_reference():
     from cmemu._core.binning import clock_tables
 
-    # Die 0's clock: from t=0 at full speed; from t=10 at a quarter (demand 4x capacity); from
-    # t=30 full again. An interval [0, 40) of 100 B on it advances the clock 10 + 5 + 10 = 25:
-    # bins of 10 get 40, 10, 10, 40 B.
-    clock = {"die": [0, 0, 0], "t_ps": [0, 10, 30], "clock_ps": [0, 10, 15], "demand": [1, 4, 1], "capacity": [1]}
+    # Die 0's share: from t=0 every op at full speed; from t=10 a level of 1 B/s (3 B/s among 3
+    # ops); from t=30 full speed again. An interval [0, 40) of 100 B of demand 4 runs at a
+    # quarter of its speed while the level is 1: it progresses 10 + 5 + 10 = 25, so bins of 10
+    # get 40, 10, 10, 40 B. One of demand 1 (at the level: its whole demand) is not slowed.
+    clock = {"die": [0, 0, 0], "t_ps": [0, 10, 30], "shared_byte_per_s": [0, 3, 0], "sharers": [0, 3, 0],
+             "capacity": [5]}
     tables = clock_tables(clock, 1)
     for native in (True, False):
-        k, b, v = bin_intervals([0], [0], [40], [100], 10, native=native, clock_of=[0], clock=tables)
+        k, b, v = bin_intervals([0], [0], [40], [100], 10, native=native, clock_of=[0], clock=tables, demand=[4.0])
         assert b.tolist() == [0, 1, 2, 3] and v.tolist() == [40, 10, 10, 40]
-    # Without a clock (-1): evenly in time.
-    _, _, v = bin_intervals([0], [0], [40], [100], 10, clock_of=[-1], clock=tables)
+        _, _, v = bin_intervals([0], [0], [40], [100], 10, native=native, clock_of=[0], clock=tables, demand=[1.0])
+        assert v.tolist() == [25, 25, 25, 25]
+    # Without a die (-1): evenly in time.
+    _, _, v = bin_intervals([0], [0], [40], [100], 10, clock_of=[-1], clock=tables, demand=[4.0])
     assert v.tolist() == [25, 25, 25, 25]
 
 
-def test_native_matches_reference_with_clocks():
+def test_native_matches_reference_with_shares():
     from cmemu._core.binning import clock_tables
 
     rng = np.random.default_rng(5)
     dies, recs = 3, 60
     die = np.sort(rng.integers(0, dies, recs))
     t = np.concatenate([np.sort(rng.integers(0, 10**9, (die == d).sum())) for d in range(dies)])
-    clock = {"die": die, "t_ps": t, "clock_ps": np.cumsum(rng.integers(0, 10**7, recs)),
-             "demand": rng.integers(1, 10, recs), "capacity": np.full(dies, 4)}
+    sharers = rng.integers(0, 4, recs)
+    clock = {"die": die, "t_ps": t, "shared_byte_per_s": np.where(sharers > 0, rng.integers(1, 10, recs), 0),
+             "sharers": sharers, "capacity": np.full(dies, 10)}
     n = 400
     start = rng.integers(0, 10**9, n)
     args = (rng.integers(0, 8, n), start, start + rng.integers(0, 10**8, n), rng.integers(0, 10**9, n), 10**7)
     of = rng.integers(-1, dies, n)
-    a = bin_intervals(*args, clock_of=of, clock=clock_tables(clock, dies))
-    b = bin_intervals(*args, native=False, clock_of=of, clock=clock_tables(clock, dies))
+    demand = rng.integers(1, 10, n).astype(np.float64)
+    a = bin_intervals(*args, clock_of=of, clock=clock_tables(clock, dies), demand=demand)
+    b = bin_intervals(*args, native=False, clock_of=of, clock=clock_tables(clock, dies), demand=demand)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
 

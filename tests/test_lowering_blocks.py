@@ -229,6 +229,18 @@ def test_hbm_demand_equals_its_reference(seed):
     got = hbm_demand(kind, dur, hbm, rank, cap, (0, 3))
     want = hbm_demand_reference(kind, dur, hbm, rank, cap, (0, 3))
     assert got.dtype == want.dtype and np.array_equal(got, want)
+    # With what the ops' cores can move (some ops with none: their own rate only), per die.
+    aic = np.where(rng.random(n) < 0.3, 0, rng.integers(0, 25, n)).astype(np.int32)
+    aiv = np.where(rng.random(n) < 0.5, 0, rng.integers(0, 49, n)).astype(np.int32)
+    aic_move, aiv_move = rng.integers(1, 2**39, dies), rng.integers(1, 2**38, dies)
+    got = hbm_demand(kind, dur, hbm, rank, cap, (0, 3), aic, aiv, aic_move, aiv_move)
+    want = hbm_demand_reference(kind, dur, hbm, rank, cap, (0, 3), aic, aiv, aic_move, aiv_move)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    if dies:  # the cap lowers a demand to what the op's cores move, and does nothing else
+        r = np.clip(rank, 0, dies - 1)
+        most = aic * aic_move[r] + aiv * aiv_move[r]
+        uncapped = hbm_demand(kind, dur, hbm, rank, cap, (0, 3))
+        assert np.array_equal(got, np.where(most > 0, np.minimum(uncapped, most), uncapped))
 
 
 

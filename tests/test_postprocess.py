@@ -5,18 +5,18 @@ import numpy as np
 import pytest
 
 import cmemu._core.binning as binning
-from cmemu._core.binning import _clock_at, _clock_from, bin_by_die, bin_intervals, clock_tables
+from cmemu._core.binning import _progress, _progress_reference, _record_from, bin_by_die, bin_intervals, clock_tables
 from cmemu.die.intervals import op_rows
 
 
 # -- HBM series --------------------------------------------------------------------------------------
-def _bin_by_die_straight(die, start, end, value, bin_ps, clock_of, clock):
+def _bin_by_die_straight(die, start, end, value, bin_ps, clock_of, clock, demand):
     """Every (interval, key) through bin_intervals with key die * keys + key, cells above 0, sorted
     by die, bin, key; per (die, bin) the sum of its cells (what run._hbm_series did before)."""
     n, nk = value.shape
     keys = (die[:, None].astype(np.int64) * nk + np.arange(nk)[None, :]).ravel()
     k, b, v = bin_intervals(keys, np.repeat(start, nk), np.repeat(end, nk), value.ravel(), bin_ps,
-                            clock_of=np.repeat(clock_of, nk), clock=clock)
+                            clock_of=np.repeat(clock_of, nk), clock=clock, demand=np.repeat(demand, nk))
     keep = v > 0
     k, b, v = k[keep].astype(np.int64), b[keep], v[keep]
     d, q = k // nk, k % nk
@@ -39,26 +39,28 @@ def _random_case(rng):
     recs = 40
     cdie = np.sort(rng.integers(0, dies, recs))
     t = np.concatenate([np.sort(rng.integers(0, 10**6, (cdie == d).sum())) for d in range(dies)])
-    clock = clock_tables({"die": cdie, "t_ps": t, "clock_ps": np.cumsum(rng.integers(0, 10**4, recs)),
-                          "demand": rng.integers(1, 10, recs), "capacity": np.full(dies, 4)}, dies)
+    sharers = rng.integers(0, 4, recs)
+    clock = clock_tables({"die": cdie, "t_ps": t, "shared_byte_per_s": np.where(sharers > 0, rng.integers(1, 10, recs), 0),
+                          "sharers": sharers, "capacity": np.full(dies, 10)}, dies)
     clock_of = np.where(rng.random(n) < 0.5, die, -1)
+    demand = rng.integers(1, 10, n).astype(np.float64)
     ptr = np.zeros(dies + 1, dtype=np.int64)
     np.cumsum(np.bincount(die, minlength=dies), out=ptr[1:])
-    return die, ptr, start, end, value, int(rng.integers(1, 10**4)), clock_of, clock
+    return die, ptr, start, end, value, int(rng.integers(1, 10**4)), clock_of, clock, demand
 
 
 def test_bin_by_die_is_bin_intervals_per_key(monkeypatch):
     rng = np.random.default_rng(1)
     for trial in range(60):
-        die, ptr, start, end, value, bin_ps, clock_of, clock = _random_case(rng)
-        want = _bin_by_die_straight(die, start, end, value, bin_ps, clock_of, clock)
+        die, ptr, start, end, value, bin_ps, clock_of, clock, demand = _random_case(rng)
+        want = _bin_by_die_straight(die, start, end, value, bin_ps, clock_of, clock, demand)
         # Whole, a few dies at a time with the values made per group, and in windows of bins.
         for window, group_rows, by_group in ((None, 1 << 20, False), (None, 7, True), (1, 3, True), (17, 50, False)):
             if window is not None:
                 monkeypatch.setattr(binning, "DENSE_CELLS", window * value.shape[1])
             got = bin_by_die(ptr, start, end, (lambda a, b: value[a:b]) if by_group else value, bin_ps,
                              clock_of=(lambda a, b: clock_of[a:b]) if by_group else clock_of, clock=clock,
-                             group_rows=group_rows)
+                             group_rows=group_rows, demand=(lambda a, b: demand[a:b]) if by_group else demand)
             monkeypatch.undo()
             for x, y in zip(got, want):
                 assert x.dtype == y.dtype
@@ -74,35 +76,53 @@ def test_bin_by_die_empty_and_no_clock():
     assert dd.tolist() == [1] * 3 and db.tolist() == [0, 1, 2] and dv.tolist() == [25, 50, 25]
 
 
-def test_clock_search_from_a_hint_finds_the_binary_search_record():
+def test_record_search_from_a_hint_finds_the_last_record_at_or_before():
     rng = np.random.default_rng(2)
     ct = np.sort(rng.integers(0, 1000, 200))  # repeated times too
-    cv = np.cumsum(rng.random(200))
-    cs = rng.random(200)
     for lo, hi in ((0, 200), (10, 11), (50, 120), (5, 5)):
         for t in rng.integers(-10, 1100, 200):
-            want = _clock_at(t, lo, hi, ct, cv, cs)
+            at_or_before = np.flatnonzero(ct[lo:hi] <= t)
+            want = lo + int(at_or_before[-1]) if at_or_before.size else lo - 1
             for at in (lo, hi - 1, int(rng.integers(0, 200)), -1, 500):
-                got, _ = _clock_from(t, lo, hi, ct, cv, cs, at)
-                assert got == want
+                assert _record_from(t, lo, hi, ct, at) == want
+
+
+def test_progress_walked_from_a_record_is_the_reference_s():
+    # An op's progress over [x0, x1] from the record found for x0, in steps as the bins go
+    # (each step from the record the last one ended at), against the walk from the die's first
+    # record; and by hand: full speed before the first record and while the level is above the
+    # demand.
+    rng = np.random.default_rng(6)
+    ct = np.sort(rng.integers(0, 1000, 50))
+    cl = np.where(rng.random(50) < 0.3, np.inf, rng.integers(1, 10, 50).astype(np.float64))
+    for lo, hi in ((0, 50), (20, 21), (5, 5)):
+        for _ in range(100):
+            x0, x1 = np.sort(rng.integers(-10, 1100, 2))
+            q = float(rng.integers(1, 12))
+            k = _record_from(x0, lo, hi, ct, lo)
+            got, k1 = _progress(x0, x1, k, lo, hi, ct, cl, q)
+            assert got == _progress_reference(x0, x1, lo, hi, ct, cl, q)
+            assert k1 == _record_from(x1, lo, hi, ct, lo)
+    ct, cl = np.array([10, 20]), np.array([2.0, np.inf])
+    assert _progress(0, 30, -1, 0, 2, ct, cl, 4.0)[0] == 10 + 5 + 10
+    assert _progress(0, 30, -1, 0, 2, ct, cl, 2.0)[0] == 30
 
 
 def test_clock_tables_are_the_records_by_die():
     rng = np.random.default_rng(3)
     dies, n = 5, 400
+    sharers = rng.integers(0, 5, n)
     clock = {"die": rng.integers(0, dies, n).astype(np.int32), "t_ps": np.sort(rng.integers(0, 10**9, n)),
-             "clock_ps": np.sort(rng.integers(0, 10**9, n)), "demand": rng.integers(1, 10**6, n),
+             "shared_byte_per_s": np.where(sharers > 0, rng.integers(1, 10**6, n), 0), "sharers": sharers,
              "capacity": rng.integers(1, 10**6, dies)}
-    ptr, t, v, s = clock_tables(clock, dies)
+    ptr, t, level = clock_tables(clock, dies)
     # The straightforward version: a stable argsort by die.
     order = np.argsort(clock["die"], kind="stable")
     die = clock["die"][order]
-    cap = clock["capacity"].astype(np.float64)[die]
-    demand = clock["demand"].astype(np.float64)[order]
     np.testing.assert_array_equal(ptr, np.concatenate([[0], np.cumsum(np.bincount(die, minlength=dies))]))
     np.testing.assert_array_equal(t, clock["t_ps"][order])
-    np.testing.assert_array_equal(v, clock["clock_ps"][order].astype(np.float64))
-    np.testing.assert_array_equal(s, np.where(demand > cap, cap / demand, 1.0))
+    shared, by = clock["shared_byte_per_s"][order].astype(np.float64), sharers[order]
+    np.testing.assert_array_equal(level, np.where(by > 0, shared / np.maximum(by, 1), np.inf))
     with pytest.raises(ValueError):
         clock_tables(clock, dies - 1)
 

@@ -56,10 +56,12 @@ def hbm_sharing(lowered):
 
     A COMP or MEM_LOAD / MEM_STORE op with HBM traffic of its own die (``op_hbm_bytes``) and a
     duration demands its bytes over its duration (what it draws when it runs alone, as the die
-    model timed it). While the demands of a die's running ops add up to more than the die's
-    capacity, every one of them progresses at capacity / total demand of its own speed
-    (docs/model.md, "HBM shared"). Ops of a die with no capacity given (0) do not take part (MEM
-    ops then queue FIFO on their die's HBM server).
+    model timed it), at most what its cores can move (``op_aic`` x one AIC's MTE2 + FixPipe rate
+    + ``op_aiv`` x one AIV's MTE2 + MTE3 rate: ``Lowered.die_aic_move_byte_per_s`` and
+    ``die_aiv_move_byte_per_s``; an op without cores, an SDMA transfer or a MEM op, at its own
+    rate) and at most the die's capacity. The engine shares each die's capacity among its running
+    ops max-min (docs/model.md, "HBM shared between concurrent ops"). Ops of a die with no
+    capacity given (0) do not take part (MEM ops then queue FIFO on their die's HBM server).
     """
     import numpy as np
 
@@ -74,9 +76,20 @@ def hbm_sharing(lowered):
     # At most its die's capacity: alone, an op runs at full speed (the die model's durations
     # already respect the HBM; rounding can put a demand a byte/s above it). The sums of a die's
     # demands stay far inside int64.
+    aic_move = getattr(lowered, "die_aic_move_byte_per_s", None)
+    aiv_move = getattr(lowered, "die_aiv_move_byte_per_s", None)
+    cores = {}
+    if aic_move is not None and len(aic_move) and aiv_move is not None and len(aiv_move):
+        cores = {"aic": lowered.op_aic, "aiv": lowered.op_aiv, "aic_move": aic_move, "aiv_move": aiv_move}
     rate = hbm_demand(lowered.op_kind, lowered.op_dur_ps, lowered.op_hbm_bytes, lowered.op_rank, cap,
-                      (OP_KIND_COMP, OP_KIND_MEM))
+                      (OP_KIND_COMP, OP_KIND_MEM), **cores)
+    # An op longer than this alone runs as timed: its target on the engine's share clock (1/1024
+    # ps units) would not fit in int64 (no die-model op comes near: 2**50 ps is 19 minutes).
+    rate[lowered.op_dur_ps > HBM_MAX_SHARED_PS] = 0
     return cap, rate
+
+
+HBM_MAX_SHARED_PS = 1 << 50
 
 
 def merge_link_series(bin_ps: int, rows):

@@ -6,10 +6,12 @@ value is split in proportion to its overlap with each bin (rounded down, in doub
 64-bit product can overflow), the remainder going to its last bin, so the bins of every key add
 up exactly to its total.
 
-With a clock (``cmemu._core.Engine.hbm_clock``: a die's HBM clock, piecewise linear in time), an
-interval on that die is spread in proportion to the clock's advance over each bin instead of
-real time: an op that shares its die's HBM moves its bytes at the rate the sharing gives it
-(faster while it runs alone), so the bins of a die never show more than its capacity.
+With a die's HBM share records (``cmemu._core.Engine.hbm_clock``: from each record on, the die's
+level, the bytes/s each op above it gets), an interval on that die with a demand is spread in
+proportion to its own progress instead of real time: it runs at min(1, level / demand) of its
+speed, so an op that shares its die's HBM moves its bytes at the rate the sharing gives it
+(faster while it runs alone or below the level), and the bins of a die never show more than its
+capacity.
 """
 from __future__ import annotations
 
@@ -18,87 +20,12 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def _clock_at(t, lo, hi, ct, cv, cs):
-    """The clock of one die (its records ct/cv/cs[lo:hi], in time order) at time t."""
+def _record_from(t, lo, hi, ct, at):
+    """The last of one die's records ct[lo:hi] (in time order) at or before t, lo - 1 if none:
+    searched outward from record ``at`` (the last one found), so in a few steps when the times
+    asked come in about increasing order."""
     if hi <= lo or t < ct[lo]:
-        return float(t)
-    a, b = lo, hi - 1
-    while a < b:  # the last record at or before t
-        m = (a + b + 1) // 2
-        if ct[m] <= t:
-            a = m
-        else:
-            b = m - 1
-    return cv[a] + (t - ct[a]) * cs[a]
-
-
-@njit(cache=True, nogil=True)
-def _spread(keys, start, end, value, bin_ps, clock_of, cptr, ct, cv, cs, grid):
-    # With a grid (keys x bins, not empty): sum into it, and return nothing else. Without one:
-    # first, how many (key, bin) pairs each interval touches, to size the output.
-    dense = grid.shape[0] > 0
-    total = 0
-    if not dense:
-        for i in range(keys.shape[0]):
-            if value[i] > 0:
-                last = (end[i] - 1) // bin_ps if end[i] > start[i] else start[i] // bin_ps
-                total += last - start[i] // bin_ps + 1
-    out_key = np.empty(total, np.int64)
-    out_bin = np.empty(total, np.int64)
-    out_val = np.empty(total, np.int64)
-    k = 0
-    for i in range(keys.shape[0]):
-        v = value[i]
-        if v <= 0:
-            continue
-        s, e = start[i], end[i]
-        if e <= s:
-            if dense:
-                grid[keys[i], s // bin_ps] += v
-                continue
-            out_key[k] = keys[i]
-            out_bin[k] = s // bin_ps
-            out_val[k] = v
-            k += 1
-            continue
-        b = s // bin_ps
-        last = (e - 1) // bin_ps
-        given = 0
-        c = clock_of[i]
-        vs, ve = 0.0, 0.0
-        if c >= 0:
-            vs = _clock_at(s, cptr[c], cptr[c + 1], ct, cv, cs)
-            ve = _clock_at(e, cptr[c], cptr[c + 1], ct, cv, cs)
-            if ve <= vs:
-                c = -1
-        while b <= last:
-            lo = max(s, b * bin_ps)
-            hi = min(e, (b + 1) * bin_ps)
-            if c >= 0:
-                frac = (_clock_at(hi, cptr[c], cptr[c + 1], ct, cv, cs)
-                        - _clock_at(lo, cptr[c], cptr[c + 1], ct, cv, cs)) / (ve - vs)
-            else:
-                frac = (hi - lo) / (e - s)
-            share = v - given if b == last else np.int64(v * frac)
-            given += share
-            if dense:
-                grid[keys[i], b] += share
-            else:
-                out_key[k] = keys[i]
-                out_bin[k] = b
-                out_val[k] = share
-                k += 1
-            b += 1
-    return out_key, out_bin, out_val
-
-
-@njit(cache=True, nogil=True)
-def _clock_from(t, lo, hi, ct, cv, cs, at):
-    """``_clock_at`` searched outward from record ``at`` (the last one found): (clock, record).
-    The same record as the binary search, the last at or before t, found in a few steps when
-    the times asked come in about increasing order."""
-    if hi <= lo or t < ct[lo]:
-        return float(t), lo
+        return lo - 1
     if at < lo or at >= hi:
         at = lo
     step = 1
@@ -121,17 +48,97 @@ def _clock_from(t, lo, hi, ct, cv, cs, at):
             a = m
         else:
             b = m - 1
-    return cv[a] + (t - ct[a]) * cs[a], a
+    return a
 
 
 @njit(cache=True, nogil=True)
-def _spread_window(lo_i, hi_i, start, end, value, bin_ps, w0, w1, clock_of, cptr, ct, cv, cs, grid, given):
+def _progress(x0, x1, k, lo, hi, ct, cl, q):
+    """How far an op of demand q progresses from x0 to x1 (x0 <= x1), in ps of its alone time,
+    and the last record at or before x1; k is the last at or before x0 (lo - 1: none). After
+    record j it runs at min(1, cl[j] / q) of its speed; before the die's first, at full speed."""
+    p = 0.0
+    x = x0
+    while True:
+        speed = 1.0 if k < lo or q <= cl[k] else cl[k] / q
+        if k + 1 < hi and ct[k + 1] <= x1:
+            p += (ct[k + 1] - x) * speed
+            x = ct[k + 1]
+            k += 1
+        else:
+            return p + (x1 - x) * speed, k
+
+
+@njit(cache=True, nogil=True)
+def _spread(keys, start, end, value, bin_ps, clock_of, demand, cptr, ct, cl, grid):
+    # With a grid (keys x bins, not empty): sum into it, and return nothing else. Without one:
+    # first, how many (key, bin) pairs each interval touches, to size the output.
+    dense = grid.shape[0] > 0
+    total = 0
+    if not dense:
+        for i in range(keys.shape[0]):
+            if value[i] > 0:
+                last = (end[i] - 1) // bin_ps if end[i] > start[i] else start[i] // bin_ps
+                total += last - start[i] // bin_ps + 1
+    out_key = np.empty(total, np.int64)
+    out_bin = np.empty(total, np.int64)
+    out_val = np.empty(total, np.int64)
+    k = 0
+    at = 0
+    for i in range(keys.shape[0]):
+        v = value[i]
+        if v <= 0:
+            continue
+        s, e = start[i], end[i]
+        if e <= s:
+            if dense:
+                grid[keys[i], s // bin_ps] += v
+                continue
+            out_key[k] = keys[i]
+            out_bin[k] = s // bin_ps
+            out_val[k] = v
+            k += 1
+            continue
+        b = s // bin_ps
+        last = (e - 1) // bin_ps
+        given = 0
+        c = clock_of[i]
+        whole = 0.0
+        if c >= 0:
+            lo, hi = cptr[c], cptr[c + 1]
+            at = _record_from(s, lo, hi, ct, at)
+            whole, _ = _progress(s, e, at, lo, hi, ct, cl, demand[i])
+            if whole <= 0.0:
+                c = -1
+        x0, r = s, at
+        while b <= last:
+            x1 = min(e, (b + 1) * bin_ps)
+            if c >= 0:
+                part, r = _progress(x0, x1, r, cptr[c], cptr[c + 1], ct, cl, demand[i])
+                frac = part / whole
+            else:
+                frac = (x1 - max(s, b * bin_ps)) / (e - s)
+            x0 = x1
+            share = v - given if b == last else np.int64(v * frac)
+            given += share
+            if dense:
+                grid[keys[i], b] += share
+            else:
+                out_key[k] = keys[i]
+                out_bin[k] = b
+                out_val[k] = share
+                k += 1
+            b += 1
+    return out_key, out_bin, out_val
+
+
+@njit(cache=True, nogil=True)
+def _spread_window(lo_i, hi_i, start, end, value, bin_ps, w0, w1, clock_of, demand, cptr, ct, cl, grid, given):
     # Intervals lo_i:hi_i (one die's) summed into grid[bin - w0, key] for the bins w0 .. w1 - 1;
     # returns the range of bins touched. The same arithmetic as ``_spread``, an interval's part
     # of a bin computed once for all its keys.
     nk = value.shape[1]
     bmin, bmax = w1, w0 - 1
-    at = 0  # the clock record found last
+    at = 0  # the record found last
     for i in range(lo_i, hi_i):
         s, e = start[i], end[i]
         if e <= s:  # all its value in its bin
@@ -148,28 +155,29 @@ def _spread_window(lo_i, hi_i, start, end, value, bin_ps, w0, w1, clock_of, cptr
         if last < w0 or b0 >= w1:
             continue
         c = clock_of[i]
-        vs, ve = 0.0, 0.0
+        whole = 0.0
         if c >= 0:
-            vs, at = _clock_from(s, cptr[c], cptr[c + 1], ct, cv, cs, at)
-            ve, _ = _clock_from(e, cptr[c], cptr[c + 1], ct, cv, cs, at)
-            if ve <= vs:
+            at = _record_from(s, cptr[c], cptr[c + 1], ct, at)
+            whole, _ = _progress(s, e, at, cptr[c], cptr[c + 1], ct, cl, demand[i])
+            if whole <= 0.0:
                 c = -1
         for q in range(nk):
             given[q] = 0
         lo, hi = max(b0, w0), min(last, w1 - 1)
-        # Bin b's part: of the time, or of the clock's advance from b's start (the interval's
+        # Bin b's part: of the time, or of the op's progress from b's start (the interval's
         # start, then the previous bin's end) to its end.
-        x0 = vs
-        k = at
+        x0 = s
+        r = at
         for b in range(b0, hi + 1):
+            x1 = min(e, (b + 1) * bin_ps)
             if b == last:
                 f = 0.0  # the last bin takes the rest
             elif c >= 0:
-                x1, k = _clock_from(min(e, (b + 1) * bin_ps), cptr[c], cptr[c + 1], ct, cv, cs, k)
-                f = (x1 - x0) / (ve - vs)
-                x0 = x1
+                part, r = _progress(x0, x1, r, cptr[c], cptr[c + 1], ct, cl, demand[i])
+                f = part / whole
             else:
-                f = (min(e, (b + 1) * bin_ps) - max(s, b * bin_ps)) / (e - s)
+                f = (x1 - max(s, b * bin_ps)) / (e - s)
+            x0 = x1
             for q in range(nk):
                 v = value[i, q]
                 if v <= 0:
@@ -210,7 +218,7 @@ def _emit(grid, w0, bmin, bmax, die, k_die, k_key, k_bin, k_val, nkc, d_die, d_b
 
 
 @njit(cache=True, nogil=True)
-def _spread_dies(ptr, first_die, start, end, value, bin_ps, n_bins, window, clock_of, cptr, ct, cv, cs,
+def _spread_dies(ptr, first_die, start, end, value, bin_ps, n_bins, window, clock_of, demand, cptr, ct, cl,
                  k_die, k_key, k_bin, k_val, nkc, d_die, d_bin, d_val, ndc):
     # Die first_die + d's intervals are rows ptr[d]:ptr[d + 1]; value[i, q] is interval i's value
     # on key q. A die at a time, its bins a window at a time: sum into a grid of (bin, key), then
@@ -222,7 +230,7 @@ def _spread_dies(ptr, first_die, start, end, value, bin_ps, n_bins, window, cloc
         for w0 in range(0, n_bins, window):
             w1 = min(n_bins, w0 + window)
             bmin, bmax = _spread_window(ptr[d], ptr[d + 1], start, end, value, bin_ps, w0, w1, clock_of,
-                                        cptr, ct, cv, cs, grid, given)
+                                        demand, cptr, ct, cl, grid, given)
             nkc, ndc = _emit(grid, w0, bmin, bmax, first_die + d, k_die, k_key, k_bin, k_val, nkc,
                              d_die, d_bin, d_val, ndc)
     return nkc, ndc
@@ -247,9 +255,9 @@ DENSE_CELLS = 1 << 24
 
 
 @njit(cache=True, nogil=True)
-def _clock_csr(die, t, clock, demand, capacity, dies):
+def _clock_csr(die, t, shared, sharers, dies):
     # A counting sort of the records by die (stable: time order within a die), with each
-    # record's speed: capacity / demand while the demand is above the capacity, else 1.
+    # record's level: shared / sharers bytes/s, infinite with no sharers (every op at full speed).
     ptr = np.zeros(dies + 1, np.int64)
     for i in range(die.shape[0]):
         ptr[die[i] + 1] += 1
@@ -257,40 +265,40 @@ def _clock_csr(die, t, clock, demand, capacity, dies):
         ptr[d + 1] += ptr[d]
     pos = ptr[:-1].copy()
     ct = np.empty(die.shape[0], np.int64)
-    cv = np.empty(die.shape[0], np.float64)
-    cs = np.empty(die.shape[0], np.float64)
+    cl = np.empty(die.shape[0], np.float64)
     for i in range(die.shape[0]):
         d = die[i]
         j = pos[d]
         pos[d] += 1
         ct[j] = t[i]
-        cv[j] = float(clock[i])
-        cap, dem = float(capacity[d]), float(demand[i])
-        cs[j] = cap / dem if dem > cap else 1.0
-    return ptr, ct, cv, cs
+        cl[j] = float(shared[i]) / float(sharers[i]) if sharers[i] > 0 else np.inf
+    return ptr, ct, cl
 
 
 def clock_tables(clock, dies: int):
-    """A run's HBM clock records (``Engine.hbm_clock()``) as per-die CSR tables for the kernel:
-    (ptr int64[dies + 1], time int64, clock float64, speed float64), time order within a die."""
+    """A run's HBM share records (``Engine.hbm_clock()``) as per-die CSR tables for the kernel:
+    (ptr int64[dies + 1], time int64, level float64 bytes/s, inf where every op ran at full
+    speed), time order within a die."""
     die = np.asarray(clock["die"])
     if die.size and (die.min() < 0 or die.max() >= dies):
         raise ValueError(f"clock_tables: a record's die is outside 0..{dies - 1}")
-    cols = [np.asarray(clock[k]) for k in ("t_ps", "clock_ps", "demand", "capacity")]
+    cols = [np.asarray(clock[k]) for k in ("t_ps", "shared_byte_per_s", "sharers")]
     return _clock_csr(die if die.size else die.astype(np.int64), *(c if c.size else c.astype(np.int64) for c in cols),
                       np.int64(dies))
 
 
-def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clock_of=None, clock=None):
+def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clock_of=None, clock=None, demand=None):
     """(key, bin, value) COO arrays: each interval's value spread over its time, summed per bin.
 
-    ``clock_of`` (per interval, a die or -1) and ``clock`` (``clock_tables``): intervals on a die
-    with a clock are spread by that clock's advance instead of real time."""
+    ``clock_of`` (per interval, a die or -1), ``clock`` (``clock_tables``) and ``demand`` (per
+    interval, bytes/s): an interval on a die with share records is spread by its progress at
+    the share its demand got instead of real time."""
     args = [np.ascontiguousarray(a, dtype=np.int64) for a in (keys, start, end, value)]
     n = args[0].shape[0]
     if clock is None or clock_of is None:
-        clock_of, clock = _no_clock(n)
+        clock_of, demand, clock = _no_clock(n)
     clock_of = np.ascontiguousarray(clock_of, dtype=np.int64)
+    demand = np.ascontiguousarray(demand, dtype=np.float64)
     if native:
         keys, start, end, value = args
         has = value > 0
@@ -299,26 +307,28 @@ def bin_intervals(keys, start, end, value, bin_ps: int, native: bool = True, clo
         if 0 < n_keys * n_bins <= DENSE_CELLS:
             # Few enough cells: sum into a grid (memory by cells, not by interval x bin pairs).
             grid = np.zeros((n_keys, n_bins), dtype=np.int64)
-            _spread(*args, np.int64(bin_ps), clock_of, *clock, grid)
+            _spread(*args, np.int64(bin_ps), clock_of, demand, *clock, grid)
             k, b = np.nonzero(grid)  # by key, then bin
             return k.astype(np.int32), b.astype(np.int32), grid[k, b]
-        k, b, v = _spread(*args, np.int64(bin_ps), clock_of, *clock, np.zeros((0, 0), dtype=np.int64))
+        k, b, v = _spread(*args, np.int64(bin_ps), clock_of, demand, *clock, np.zeros((0, 0), dtype=np.int64))
     else:
-        k, b, v = _spread_reference(*args, bin_ps, clock_of, clock)
+        k, b, v = _spread_reference(*args, bin_ps, clock_of, demand, clock)
     return _combine(k, b, v)
 
 
 def _no_clock(n: int):
-    return (np.full(n, -1, dtype=np.int64),
-            (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)))
+    return (np.full(n, -1, dtype=np.int64), np.zeros(n),
+            (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)))
 
 
-def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, group_rows: int = 1 << 20):
+def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, group_rows: int = 1 << 20,
+               demand=None):
     """``bin_intervals`` for intervals grouped by die, each with a value per key of its die (an
     HBM stack): die d's intervals are rows ``ptr[d]:ptr[d + 1]``; ``value`` is int64
     ``[intervals, keys]`` (at most 127 keys), or a function ``(a, b)`` giving its rows a:b, which
     is called a group of dies at a time (at most about ``group_rows`` rows, so that a big run's
-    values are never all in memory); ``clock_of`` may be such a function too. The same sums, cell
+    values are never all in memory); ``clock_of`` and ``demand`` (as for ``bin_intervals``) may be
+    such functions too. The same sums, cell
     for cell, as ``bin_intervals`` of every (interval, key) with key ``die * keys + key``, but an
     interval's part of each bin is computed once for all its keys, and a die's cells are summed
     in a grid of its bins (at most DENSE_CELLS cells at once).
@@ -331,9 +341,10 @@ def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, g
     start, end = (np.ascontiguousarray(a, dtype=np.int64) for a in (start, end))
     n, dies, bin_ps = start.shape[0], ptr.shape[0] - 1, int(bin_ps)
     if clock is None or clock_of is None:
-        clock_of, clock = _no_clock(n)
+        clock_of, demand, clock = _no_clock(n)
     values = value if callable(value) else (lambda a, b: value[a:b])
     clocks = clock_of if callable(clock_of) else (lambda a, b: clock_of[a:b])
+    demands = demand if callable(demand) else (lambda a, b: demand[a:b])
     # A die's cells per key: at most its range of bins, and at most the bins its intervals touch.
     first_bin = start // bin_ps
     last_bin = np.maximum(end - 1, start) // bin_ps
@@ -362,7 +373,8 @@ def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, g
             window = max(1, DENSE_CELLS // max(nk, 1))
         nkc, ndc = _spread_dies(ptr[lo:hi + 1] - a, np.int64(lo), start[a:b], end[a:b], v, np.int64(bin_ps),
                                 np.int64(n_bins), np.int64(window), np.ascontiguousarray(clocks(a, b), dtype=np.int64),
-                                *clock, *out[:4], np.int64(nkc), *out[4:], np.int64(ndc))
+                                np.ascontiguousarray(demands(a, b), dtype=np.float64), *clock, *out[:4],
+                                np.int64(nkc), *out[4:], np.int64(ndc))
         del v
     if out is None:
         return (np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int32), np.zeros(0, np.int64),
@@ -370,22 +382,28 @@ def bin_by_die(ptr, start, end, value, bin_ps: int, clock_of=None, clock=None, g
     return tuple(c[:nkc] for c in out[:4]) + tuple(c[:ndc] for c in out[4:])
 
 
-def _clock_at_reference(t, lo, hi, ct, cv, cs):
-    if hi <= lo or t < ct[lo]:
-        return float(t)
-    a = lo
-    for k in range(lo, hi):  # the last record at or before t
-        if ct[k] <= t:
-            a = k
+def _progress_reference(x0, x1, lo, hi, ct, cl, q):
+    """An op's progress from x0 to x1, record by record (the last at or before a time, from
+    the die's first)."""
+    p, x = 0.0, x0
+    k = lo - 1
+    while k + 1 < hi and ct[k + 1] <= x0:
+        k += 1
+    while True:
+        speed = 1.0 if k < lo or q <= cl[k] else cl[k] / q
+        if k + 1 < hi and ct[k + 1] <= x1:
+            p += (ct[k + 1] - x) * speed
+            x = ct[k + 1]
+            k += 1
         else:
-            break
-    return cv[a] + (t - ct[a]) * cs[a]
+            return p + (x1 - x) * speed
 
 
-def _spread_reference(keys, start, end, value, bin_ps, clock_of, clock):
-    cptr, ct, cv, cs = (a.tolist() for a in clock)
+def _spread_reference(keys, start, end, value, bin_ps, clock_of, demand, clock):
+    cptr, ct, cl = (a.tolist() for a in clock)
     ok, ob, ov = [], [], []
-    for key, s, e, v, c in zip(keys.tolist(), start.tolist(), end.tolist(), value.tolist(), clock_of.tolist()):
+    for key, s, e, v, c, q in zip(keys.tolist(), start.tolist(), end.tolist(), value.tolist(), clock_of.tolist(),
+                                  demand.tolist()):
         if v <= 0:
             continue
         if e <= s:
@@ -394,14 +412,16 @@ def _spread_reference(keys, start, end, value, bin_ps, clock_of, clock):
         given = 0
         last = (e - 1) // bin_ps
         if c >= 0:
-            def at(t, c=c):
-                return _clock_at_reference(t, cptr[c], cptr[c + 1], ct, cv, cs)
-            vs, ve = at(s), at(e)
-            if ve <= vs:
+            def progress(x0, x1, c=c, q=q):
+                return _progress_reference(x0, x1, cptr[c], cptr[c + 1], ct, cl, q)
+            whole = progress(s, e)
+            if whole <= 0:
                 c = -1
+        x0 = s
         for b in range(s // bin_ps, last + 1):
-            lo, hi = max(s, b * bin_ps), min(e, (b + 1) * bin_ps)
-            frac = (at(hi) - at(lo)) / (ve - vs) if c >= 0 else (hi - lo) / (e - s)
+            x1 = min(e, (b + 1) * bin_ps)
+            frac = progress(x0, x1) / whole if c >= 0 else (x1 - max(s, b * bin_ps)) / (e - s)
+            x0 = x1
             share = v - given if b == last else int(v * frac)
             ok.append(key), ob.append(b), ov.append(share)
             given += share

@@ -92,10 +92,13 @@ cdef enum:
     EV_WAKE = 6  # an initiator whose window was full may issue again
     EV_FAIL = 7
     EV_RETRANSMIT = 8
-    EV_HBM_DONE = 9  # the row (h_op) of a die's HBM share that finishes first (if still so)
+    EV_HBM_DONE = 9  # the row (hr) of a die's HBM share that finishes first (if still so)
 
 cdef int64_t PS_PER_S = 1000000000000
 cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
+# Units of a die's HBM share clock (see hbm_change): 1/HBM_SCALE ps of capacity-time.
+cdef int64_t HBM_SCALE = 1024
+cdef int64_t HBM_REBASE = 1 << 61
 cdef uint64_t PATH_HASH_MULT = 0x9E3779B1  # cmemu.lower.fabric.PATH_HASH_MULT
 
 cdef struct Event:
@@ -126,6 +129,17 @@ cdef struct OpInfo:
 
 cdef extern from "<stdlib.h>":
     int posix_memalign(void** memptr, size_t alignment, size_t size) nogil
+
+
+cdef struct HbmRow:
+    # An op that shares its die's HBM (see Engine.hbm_change): what a change of the share walks,
+    # in one place.
+    int64_t rate      # its demand, bytes/s
+    int64_t at        # uncapped: when it ends at full speed; capped: the share clock's value then
+    int64_t end       # the time its end was last scheduled for
+    int32_t next      # the die's running rows, by (demand, row)
+    int32_t prev
+    int32_t op
 
 
 cdef struct LinkInfo:
@@ -294,24 +308,24 @@ cdef class Engine:
     cdef const int32_t[::1] succ_idx
     cdef const int64_t[::1] op_mptr   # messages of a SEND/RECV op: op_midx[op_mptr[op]:op_mptr[op+1]]
     cdef const int32_t[::1] op_midx
-    # HBM shared by the running ops of a die (see hbm_join): a virtual clock per die runs at
-    # capacity / demand (at most 1) of real time, and an op ends when it has run its duration
-    # on that clock.
+    # HBM shared by the running ops of a die (see hbm_change): a demand-capped max-min share. The
+    # die's running ops, lightest first, each get their demand while it fits in an even share of
+    # what the lighter ones leave; the others (capped) each get level = hbm_num / hbm_den bytes/s
+    # and run at level / demand of their speed.
     cdef const int64_t[::1] hbm_cap    # per die, bytes/s (0: not shared)
     cdef int64_t[::1] hbm_sum          # per die, demand of its running ops, bytes/s
-    cdef int64_t[::1] hbm_v            # per die, its clock (ps of alone time) at hbm_t
+    cdef int32_t[::1] hbm_n            # per die, its running ops
+    cdef int64_t[::1] hbm_num          # per die, bytes/s its capped ops share (hbm_den of them;
+    cdef int64_t[::1] hbm_den          # 0: the demands fit, every op runs at full speed)
+    cdef int64_t[::1] hbm_k            # per die, its share clock at hbm_t (1/HBM_SCALE ps of capacity-time)
     cdef int64_t[::1] hbm_t
-    cdef int64_t[::1] hbm_last         # per die, the demand of its last clock record (-1: none)
-    cdef int32_t[::1] hbm_first        # per die, the rows of its running ops (a list through h_next)
+    cdef int64_t[::1] hbm_last_num     # per die, the share of its last record (0, 0 before any)
+    cdef int64_t[::1] hbm_last_den
+    cdef int32_t[::1] hbm_first        # per die, its running rows, by (demand, row) (a list through hr.next)
     cdef int32_t[::1] hbm_next_op      # per die, the row whose end is scheduled
-    # Per op that takes part (a row each, in op order; OpInfo.u):
-    cdef int32_t[::1] h_op             # the op
-    cdef int64_t[::1] h_rate           # its demand, bytes/s
-    cdef int64_t[::1] h_target         # the die clock at which it ends
-    cdef int64_t[::1] h_end            # the time its end was last scheduled for
-    cdef int32_t[::1] h_next
-    cdef int32_t[::1] h_prev
-    cdef int64_t* hrec                 # (die, time, clock, demand) after every change of a share
+    cdef HbmRow* hr                    # per op that takes part, a row each, in op order (OpInfo.u)
+    cdef int64_t n_hrows
+    cdef int64_t* hrec                 # (die, time, hbm_num, hbm_den) after every change of a share
     cdef int64_t hrec_len, hrec_cap
     cdef int64_t[::1] res_free
     # Cores: an op holds op_aic AIC and op_aiv AIV cores of its die while it runs; ops that do
@@ -467,6 +481,8 @@ cdef class Engine:
         self.hrec = NULL
         self.hrec_len = 0
         self.hrec_cap = 0
+        self.hr = NULL
+        self.n_hrows = 0
         self.segs = NULL
 
     def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False, int64_t record_deliveries=-1,
@@ -524,21 +540,29 @@ cdef class Engine:
         self.succ_idx = L.succ_idx
         self.hbm_cap, op_rate = hbm_sharing(L)
         h_op = np.flatnonzero(op_rate > 0).astype(np.int32)
-        self.h_op = h_op
-        self.h_rate = op_rate[h_op]
-        del op_rate
-        self.h_target = np.zeros(h_op.shape[0], dtype=np.int64)
-        self.h_end = np.full(h_op.shape[0], -1, dtype=np.int64)
-        self.h_next = np.full(h_op.shape[0], -1, dtype=np.int32)
-        self.h_prev = np.full(h_op.shape[0], -1, dtype=np.int32)
-        for i in range(h_op.shape[0]):
-            self.ops[self.h_op[i]].u = <int32_t>i
-            self.ops[self.h_op[i]].hbm = 1
+        self.n_hrows = h_op.shape[0]
+        self.hr = <HbmRow*>calloc(max(self.n_hrows, 1), sizeof(HbmRow))
+        if self.hr == NULL:
+            raise MemoryError("HBM sharing rows")
+        cdef const int32_t[::1] hop = h_op
+        cdef const int64_t[::1] hrate = op_rate
+        for i in range(self.n_hrows):
+            self.hr[i].op = hop[i]
+            self.hr[i].rate = hrate[hop[i]]
+            self.hr[i].end = -1
+            self.hr[i].next = self.hr[i].prev = -1
+            self.ops[hop[i]].u = <int32_t>i
+            self.ops[hop[i]].hbm = 1
+        del hop, hrate, op_rate, h_op
         n_dies = L.die_aic_cores.shape[0]
         self.hbm_sum = np.zeros(n_dies, dtype=np.int64)
-        self.hbm_v = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_n = np.zeros(n_dies, dtype=np.int32)
+        self.hbm_k = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_num = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_den = np.zeros(n_dies, dtype=np.int64)
         self.hbm_t = np.zeros(n_dies, dtype=np.int64)
-        self.hbm_last = np.full(n_dies, -1, dtype=np.int64)
+        self.hbm_last_num = np.zeros(n_dies, dtype=np.int64)
+        self.hbm_last_den = np.zeros(n_dies, dtype=np.int64)
         self.hbm_first = np.full(n_dies, -1, dtype=np.int32)
         self.hbm_next_op = np.full(n_dies, -1, dtype=np.int32)
         self.res_free = np.zeros(max(L.n_resources, 1), dtype=np.int64)
@@ -764,6 +788,7 @@ cdef class Engine:
         free(self.ring)
         free(self.recs)
         free(self.hrec)
+        free(self.hr)
         free(self.segs)
 
     def release(self, bint keep_op_times=False):
@@ -805,8 +830,9 @@ cdef class Engine:
         self.heap = self.fifo = self.act = NULL
         self.pkts = NULL
         self.heap_len = self.fifo_len = self.act_len = self.act_head = self.wheel_count = 0
-        self.h_op = self.h_next = self.h_prev = None
-        self.h_rate = self.h_target = self.h_end = None
+        free(self.hr)
+        self.hr = NULL
+        self.n_hrows = 0
         self.op_mptr = self.op_midx = None
         self.msg_left = None
 
@@ -1257,7 +1283,24 @@ cdef class Engine:
         order), until release."""
         if self.released:
             raise RuntimeError("this engine's run state was released")
-        return np.asarray(self.h_op).copy()
+        cdef int64_t i
+        out = np.empty(self.n_hrows, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        for i in range(self.n_hrows):
+            o[i] = self.hr[i].op
+        return out
+
+    @property
+    def hbm_shared_demand(self):
+        """The demand (bytes/s) of each op of hbm_shared_ops, in its order (int64), until release."""
+        if self.released:
+            raise RuntimeError("this engine's run state was released")
+        cdef int64_t i
+        out = np.empty(self.n_hrows, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        for i in range(self.n_hrows):
+            o[i] = self.hr[i].rate
+        return out
 
     def op_messages(self, int32_t op):
         """The messages op carries (a SEND's writes, a RECV's messages), until release."""
@@ -1725,112 +1768,172 @@ cdef class Engine:
         return 0
 
     # -- HBM shared by a die's running ops -------------------------------------------------
-    cdef void hbm_advance(self, int32_t d) noexcept nogil:
-        """Bring die d's clock to now: it ran at min(1, capacity / demand) since hbm_t."""
-        cdef int64_t dt = self.now - self.hbm_t[d]
-        if dt > 0:
-            if self.hbm_sum[d] > self.hbm_cap[d]:
-                self.hbm_v[d] += <int64_t>((<cm_int128>dt * self.hbm_cap[d]) // self.hbm_sum[d])
-            else:
-                self.hbm_v[d] += dt
-        self.hbm_t[d] = self.now
-
-    cdef int hbm_schedule(self, int32_t d) except -1:
-        """Schedule the end of die d's running op that reaches its target first (ties: the
-        lower op index, which is the lower row), at the current rate of the die's clock."""
-        cdef int32_t h = self.hbm_first[d], best = -1
-        cdef int64_t rem, fin
+    cdef void hbm_rebase(self, int32_t d, int64_t num, int64_t den) noexcept nogil:
+        """Die d's share clock back to 0, and its capped ops' targets with it (only differences
+        of them count): after about 2**51 ps of its ops capped without a break, before it could
+        overflow."""
+        cdef int64_t base = self.hbm_k[d]
+        cdef int32_t h = self.hbm_first[d]
         while h >= 0:
-            if best < 0 or self.h_target[h] < self.h_target[best] or (
-                    self.h_target[h] == self.h_target[best] and h < best):
-                best = h
-            h = self.h_next[h]
+            if den > 0 and <cm_int128>self.hr[h].rate * den > num:
+                self.hr[h].at -= base
+            h = self.hr[h].next
+        self.hbm_k[d] = 0
+
+    cdef int hbm_change(self, int32_t d, int32_t joiner) except -1:
+        """Die d's running ops changed (``joiner`` joined, or -1: one left): a new share, and the
+        end of the op that ends first at it scheduled.
+
+        The arithmetic, the reference's too. An uncapped op keeps the time it ends at full
+        speed (it progresses one ps of its alone time a ps). A capped op of demand q, with r ps
+        of its alone time left, is given a target on the die's share clock K, K + ceil(r q S /
+        C) (C the capacity, S = HBM_SCALE); K runs at S level / C a ps (floor(dt S num / (den C))
+        over each dt between changes; 0 while no op is capped), so every capped op moves at
+        level / q of its speed. Capped again uncapped, it has ceil((target - K) C / (q S)) ps
+        left. The first to end: the uncapped op with the least end time, or the capped one with
+        the least target, at now + ceil((target - K) den C / (num S)); ties go to the lower row.
+        """
+        cdef int64_t onum = self.hbm_num[d], oden = self.hbm_den[d], num = 0, den = 0, cap = self.hbm_cap[d]
+        cdef int64_t dt = self.now - self.hbm_t[d], k, x, q, left, fin = 0, fc, free = cap, m = self.hbm_n[d]
+        cdef int32_t h, bu = -1, bc = -1, best = -1
+        cdef bint was, now_capped = False, fits = self.hbm_sum[d] <= cap
+        if oden > 0 and dt > 0:
+            self.hbm_k[d] += <int64_t>((<cm_int128>dt * HBM_SCALE * onum) // (<cm_int128>oden * cap))
+            if self.hbm_k[d] > HBM_REBASE:
+                self.hbm_rebase(d, onum, oden)
+        self.hbm_t[d] = self.now
+        k = self.hbm_k[d]
+        # One walk, lightest first: the new water level (each op gets its demand while it fits in
+        # an even share of what the lighter ones leave; from the first that does not, every op
+        # is capped: they share what is left evenly, num bytes/s among den ops; the demands fit:
+        # den = 0), each op's state in the new share, and the first to end.
+        h = self.hbm_first[d]
+        while h >= 0:
+            q = self.hr[h].rate
+            if not fits and not now_capped:
+                if <cm_int128>q * m <= free:
+                    free -= q
+                    m -= 1
+                else:
+                    now_capped = True
+                    num, den = free, m
+            if h == joiner:
+                left = self.ops[self.hr[h].op].dur
+                if now_capped:
+                    self.hr[h].at = k + <int64_t>((<cm_int128>left * q * HBM_SCALE + cap - 1) // cap)
+                else:
+                    self.hr[h].at = self.now + left
+            else:
+                was = oden > 0 and <cm_int128>q * oden > onum
+                if was and not now_capped:
+                    x = self.hr[h].at - k if self.hr[h].at > k else 0
+                    self.hr[h].at = self.now + <int64_t>((<cm_int128>x * cap + q * HBM_SCALE - 1) // (<cm_int128>q * HBM_SCALE))
+                elif now_capped and not was:
+                    left = self.hr[h].at - self.now if self.hr[h].at > self.now else 0
+                    self.hr[h].at = k + <int64_t>((<cm_int128>left * q * HBM_SCALE + cap - 1) // cap)
+            if now_capped:
+                if bc < 0 or self.hr[h].at < self.hr[bc].at or (self.hr[h].at == self.hr[bc].at and h < bc):
+                    bc = h
+            elif bu < 0 or self.hr[h].at < self.hr[bu].at or (self.hr[h].at == self.hr[bu].at and h < bu):
+                bu = h
+            h = self.hr[h].next
+        self.hbm_num[d] = num
+        self.hbm_den[d] = den
+        if den == 0:
+            self.hbm_k[d] = 0  # no target on it is left
+        self.hbm_record(d)
+        if bu >= 0:
+            best, fin = bu, self.hr[bu].at
+        if bc >= 0:
+            x = self.hr[bc].at - k if self.hr[bc].at > k else 0
+            fc = self.now + <int64_t>((<cm_int128>x * den * cap + <cm_int128>num * HBM_SCALE - 1)
+                                      // (<cm_int128>num * HBM_SCALE))
+            if best < 0 or fc < fin or (fc == fin and bc < best):
+                best, fin = bc, fc
         self.hbm_next_op[d] = best
-        if best < 0:
-            return 0
-        rem = self.h_target[best] - self.hbm_v[d]
-        if rem < 0:
-            rem = 0
-        if self.hbm_sum[d] > self.hbm_cap[d]:
-            fin = self.now + <int64_t>((<cm_int128>rem * self.hbm_sum[d] + self.hbm_cap[d] - 1) // self.hbm_cap[d])
-        else:
-            fin = self.now + rem
-        if self.h_end[best] != fin:
-            self.h_end[best] = fin
+        if best >= 0 and self.hr[best].end != fin:
+            self.hr[best].end = fin
             self.push(fin, EV_HBM_DONE, best)
         return 0
 
     cdef int hbm_record(self, int32_t d) except -1:
-        """Die d's clock after a change of its demand. A record where the clock runs at full
-        speed (demand at most the capacity) before and after tells nothing the one before it
-        did not (the clock is the time since then): it is left out."""
+        """Die d's share after a change, if it differs from its last record (before any, every op
+        ran at full speed): what the HBM series needs to know each op's progress."""
         cdef int64_t* grown
-        if self.hbm_last[d] >= 0 and self.hbm_last[d] <= self.hbm_cap[d] and self.hbm_sum[d] <= self.hbm_cap[d]:
+        if self.hbm_den[d] == self.hbm_last_den[d] and self.hbm_num[d] == self.hbm_last_num[d]:
             return 0
-        self.hbm_last[d] = self.hbm_sum[d]
+        self.hbm_last_num[d] = self.hbm_num[d]
+        self.hbm_last_den[d] = self.hbm_den[d]
         if self.hrec_len == self.hrec_cap:
             grown = <int64_t*>realloc(self.hrec, 4 * max(256, 2 * self.hrec_cap) * sizeof(int64_t))
             if grown == NULL:
-                raise MemoryError("HBM clock records")
+                raise MemoryError("HBM share records")
             self.hrec = grown
             self.hrec_cap = max(256, 2 * self.hrec_cap)
         self.hrec[4 * self.hrec_len] = d
         self.hrec[4 * self.hrec_len + 1] = self.now
-        self.hrec[4 * self.hrec_len + 2] = self.hbm_v[d]
-        self.hrec[4 * self.hrec_len + 3] = self.hbm_sum[d]
+        self.hrec[4 * self.hrec_len + 2] = self.hbm_num[d]
+        self.hrec[4 * self.hrec_len + 3] = self.hbm_den[d]
         self.hrec_len += 1
         return 0
 
     def hbm_clock(self):
-        """Each die's HBM clock (see hbm_join): after every change of the die's demand, the
-        time, the clock's value and the demand (bytes/s), in time order; and each die's capacity.
-        Between two records the clock runs at min(1, capacity / demand)."""
+        """Each die's HBM share (see hbm_change), in time order: from ``t_ps`` on, the die's running
+        ops whose demand is above the level ``shared_byte_per_s / sharers`` each get the level and
+        run at level / demand of their speed, the others run at full speed (``sharers`` 0: all of
+        them). Written at every change; before a die's first record its ops ran at full speed.
+        With each die's capacity (bytes/s)."""
         cdef int64_t i, n = self.hrec_len
         die_a = np.empty(n, dtype=np.int32)
         t_a = np.empty(n, dtype=np.int64)
-        v_a = np.empty(n, dtype=np.int64)
-        q_a = np.empty(n, dtype=np.int64)
+        num_a = np.empty(n, dtype=np.int64)
+        den_a = np.empty(n, dtype=np.int64)
         cdef int32_t[::1] od = die_a
-        cdef int64_t[::1] ot = t_a, ov = v_a, oq = q_a
+        cdef int64_t[::1] ot = t_a, on = num_a, oq = den_a
         for i in range(n):
             od[i] = <int32_t>self.hrec[4 * i]
             ot[i] = self.hrec[4 * i + 1]
-            ov[i] = self.hrec[4 * i + 2]
+            on[i] = self.hrec[4 * i + 2]
             oq[i] = self.hrec[4 * i + 3]
-        return {"die": die_a, "t_ps": t_a, "clock_ps": v_a, "demand": q_a, "capacity": np.asarray(self.hbm_cap).copy()}
+        return {"die": die_a, "t_ps": t_a, "shared_byte_per_s": num_a, "sharers": den_a,
+                "capacity": np.asarray(self.hbm_cap).copy()}
 
     cdef int hbm_join(self, int32_t op) except -1:
-        """A COMP op with HBM traffic starts: it joins its die's share."""
-        cdef int32_t d = self.ops[op].die, h = self.ops[op].u
-        self.hbm_advance(d)
-        self.h_target[h] = self.hbm_v[d] + self.ops[op].dur
-        self.hbm_sum[d] += self.h_rate[h]
-        self.h_prev[h] = -1
-        self.h_next[h] = self.hbm_first[d]
-        if self.hbm_first[d] >= 0:
-            self.h_prev[self.hbm_first[d]] = h
-        self.hbm_first[d] = h
-        self.hbm_record(d)
-        return self.hbm_schedule(d)
+        """An op with HBM traffic starts: it joins its die's share, in order of (demand, row)."""
+        cdef int32_t d = self.ops[op].die, h = self.ops[op].u, x, prev = -1
+        self.hbm_sum[d] += self.hr[h].rate
+        self.hbm_n[d] += 1
+        x = self.hbm_first[d]
+        while x >= 0 and (self.hr[x].rate < self.hr[h].rate or (self.hr[x].rate == self.hr[h].rate and x < h)):
+            prev = x
+            x = self.hr[x].next
+        self.hr[h].prev = prev
+        self.hr[h].next = x
+        if prev >= 0:
+            self.hr[prev].next = h
+        else:
+            self.hbm_first[d] = h
+        if x >= 0:
+            self.hr[x].prev = h
+        return self.hbm_change(d, h)
 
     cdef int on_hbm_done(self, int32_t h) except -1:
         """The scheduled end of a die's first finisher (row h), unless a later change moved it."""
-        cdef int32_t op = self.h_op[h]
+        cdef int32_t op = self.hr[h].op
         cdef int32_t d = self.ops[op].die
-        if self.hbm_next_op[d] != h or self.h_end[h] != self.now:
-            if self.h_end[h] == self.now and self.hbm_next_op[d] != h:
-                self.h_end[h] = -1  # its pending end is gone: a later schedule makes a new one
+        if self.hbm_next_op[d] != h or self.hr[h].end != self.now:
+            if self.hr[h].end == self.now and self.hbm_next_op[d] != h:
+                self.hr[h].end = -1  # its pending end is gone: a later schedule makes a new one
             return 0  # superseded
-        self.hbm_advance(d)
-        self.hbm_sum[d] -= self.h_rate[h]
-        if self.h_prev[h] >= 0:
-            self.h_next[self.h_prev[h]] = self.h_next[h]
+        self.hbm_sum[d] -= self.hr[h].rate
+        self.hbm_n[d] -= 1
+        if self.hr[h].prev >= 0:
+            self.hr[self.hr[h].prev].next = self.hr[h].next
         else:
-            self.hbm_first[d] = self.h_next[h]
-        if self.h_next[h] >= 0:
-            self.h_prev[self.h_next[h]] = self.h_prev[h]
-        self.hbm_record(d)
-        self.hbm_schedule(d)
+            self.hbm_first[d] = self.hr[h].next
+        if self.hr[h].next >= 0:
+            self.hr[self.hr[h].next].prev = self.hr[h].prev
+        self.hbm_change(d, -1)
         if self.ops[op].kind == K_MEM:  # its data is moved; it ends one access latency later
             self.push(self.now + self.op_lat_ps[op], EV_OP_DONE, op)
             return 0

@@ -5,6 +5,7 @@ step: a change to a handler there is a change here.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
@@ -35,6 +36,7 @@ K_COMP, K_SEND, K_RECV, K_MEM = range(4)
 (EV_OP_READY, EV_OP_DONE, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE, EV_RESP_INJECT, EV_WAKE, EV_FAIL,
  EV_RETRANSMIT, EV_HBM_DONE) = range(10)
 PS_PER_S = 10**12
+HBM_SCALE = 1024  # units of a die's HBM share clock: 1/HBM_SCALE ps of capacity-time (engine.pyx)
 
 
 def serialisation_time_ps(nbytes: int, rate_byte_per_s: int) -> int:
@@ -71,12 +73,13 @@ class Engine:
         self.op_rate = rate.tolist()
         n_dies = len(self.hbm_cap)
         self.hbm_sum = [0] * n_dies
-        self.hbm_last = [None] * n_dies  # the demand of the die's last clock record
-        self.hbm_v = [0] * n_dies
+        self.hbm_share = [(0, 0)] * n_dies  # (bytes/s shared, by how many ops); 0 ops: all fit
+        self.hbm_last = [(0, 0)] * n_dies  # the share of the die's last record
+        self.hbm_k = [0] * n_dies  # the share clock, 1/HBM_SCALE ps of capacity-time
         self.hbm_t = [0] * n_dies
-        self.hbm_running = [[] for _ in range(n_dies)]
+        self.hbm_running = [[] for _ in range(n_dies)]  # by (demand, op)
         self.hbm_next_op = [-1] * n_dies
-        self.op_target = [0] * self.n_ops
+        self.op_at = [0] * self.n_ops  # uncapped: its end at full speed; capped: its target on the share clock
         self.op_hend = [-1] * self.n_ops
         self.hrec = []
         self.op_start = [-1] * self.n_ops
@@ -421,8 +424,8 @@ class Engine:
 
     def hbm_clock(self):
         out = np.asarray(self.hrec, dtype=np.int64).reshape(-1, 4)
-        return {"die": out[:, 0].astype(np.int32), "t_ps": out[:, 1].copy(), "clock_ps": out[:, 2].copy(),
-                "demand": out[:, 3].copy(), "capacity": np.asarray(self.hbm_cap, dtype=np.int64)}
+        return {"die": out[:, 0].astype(np.int32), "t_ps": out[:, 1].copy(), "shared_byte_per_s": out[:, 2].copy(),
+                "sharers": out[:, 3].copy(), "capacity": np.asarray(self.hbm_cap, dtype=np.int64)}
 
     def packet_records(self):
         cols = list(zip(*self.recs)) if self.recs else [()] * 7
@@ -562,47 +565,72 @@ class Engine:
                 if self.msg_kind[m] != MSG_WRITE:
                     self.message_start(m)
 
-    def hbm_advance(self, d):
-        dt = self.now - self.hbm_t[d]
-        if dt > 0:
-            if self.hbm_sum[d] > self.hbm_cap[d]:
-                self.hbm_v[d] += dt * self.hbm_cap[d] // self.hbm_sum[d]
-            else:
-                self.hbm_v[d] += dt
-        self.hbm_t[d] = self.now
-
-    def hbm_schedule(self, d):
+    # HBM shared by a die's running ops: the native engine's max-min share and its arithmetic
+    # (engine.pyx, hbm_change), in Python ints. (Python ints do not overflow: the share clock
+    # is never rebased.)
+    def hbm_level(self, d):
         running = self.hbm_running[d]
-        best = min(running, key=lambda op: (self.op_target[op], op)) if running else -1
-        self.hbm_next_op[d] = best
-        if best < 0:
+        left, m = self.hbm_cap[d], len(running)
+        if self.hbm_sum[d] <= left:
+            self.hbm_share[d] = (0, 0)
             return
-        rem = max(0, self.op_target[best] - self.hbm_v[d])
-        if self.hbm_sum[d] > self.hbm_cap[d]:
-            fin = self.now + -(-rem * self.hbm_sum[d] // self.hbm_cap[d])
-        else:
-            fin = self.now + rem
-        if self.op_hend[best] != fin:
-            self.op_hend[best] = fin
-            self.push(fin, EV_HBM_DONE, best)
+        for op in running:  # lightest first
+            if self.op_rate[op] * m > left:
+                break
+            left -= self.op_rate[op]
+            m -= 1
+        self.hbm_share[d] = (left, m)
+
+    def hbm_change(self, d, joiner):
+        (onum, oden), cap = self.hbm_share[d], self.hbm_cap[d]
+        dt = self.now - self.hbm_t[d]
+        if oden > 0 and dt > 0:
+            self.hbm_k[d] += dt * HBM_SCALE * onum // (oden * cap)
+        self.hbm_t[d] = self.now
+        self.hbm_level(d)
+        num, den = self.hbm_share[d]
+        k = self.hbm_k[d]
+        at = self.op_at
+        uncapped, capped = [], []
+        for op in self.hbm_running[d]:
+            q = self.op_rate[op]
+            now_capped = den > 0 and q * den > num
+            if op == joiner:
+                left = self.op_dur_ps[op]
+                at[op] = k + -(-left * q * HBM_SCALE // cap) if now_capped else self.now + left
+            else:
+                was = oden > 0 and q * oden > onum
+                if was and not now_capped:
+                    at[op] = self.now + -(-max(0, at[op] - k) * cap // (q * HBM_SCALE))
+                elif now_capped and not was:
+                    at[op] = k + -(-max(0, at[op] - self.now) * q * HBM_SCALE // cap)
+            (capped if now_capped else uncapped).append((at[op], op))
+        if den == 0:
+            self.hbm_k[d] = 0
+        self.hbm_record(d)
+        best = min(uncapped) if uncapped else None
+        if capped:
+            t, op = min(capped)
+            fin = self.now + -(-max(0, t - k) * den * cap // (num * HBM_SCALE))
+            if best is None or (fin, op) < best:
+                best = (fin, op)
+        self.hbm_next_op[d] = best[1] if best else -1
+        if best is not None and self.op_hend[best[1]] != best[0]:
+            self.op_hend[best[1]] = best[0]
+            self.push(best[0], EV_HBM_DONE, best[1])
 
     def hbm_record(self, d):
-        # As the native engine: a record where the clock runs at full speed before and after
-        # tells nothing the one before it did not.
-        cap = self.hbm_cap[d]
-        if self.hbm_last[d] is not None and self.hbm_last[d] <= cap and self.hbm_sum[d] <= cap:
+        # As the native engine: only a share that differs from the die's last record.
+        if self.hbm_share[d] == self.hbm_last[d]:
             return
-        self.hbm_last[d] = self.hbm_sum[d]
-        self.hrec.append((d, self.now, self.hbm_v[d], self.hbm_sum[d]))
+        self.hbm_last[d] = self.hbm_share[d]
+        self.hrec.append((d, self.now, *self.hbm_share[d]))
 
     def hbm_join(self, op):
         d = self.op_die[op]
-        self.hbm_advance(d)
-        self.op_target[op] = self.hbm_v[d] + self.op_dur_ps[op]
         self.hbm_sum[d] += self.op_rate[op]
-        self.hbm_running[d].append(op)
-        self.hbm_record(d)
-        self.hbm_schedule(d)
+        bisect.insort(self.hbm_running[d], op, key=lambda o: (self.op_rate[o], o))
+        self.hbm_change(d, op)
 
     def on_hbm_done(self, op):
         d = self.op_die[op]
@@ -610,11 +638,9 @@ class Engine:
             if self.op_hend[op] == self.now and self.hbm_next_op[d] != op:
                 self.op_hend[op] = -1
             return
-        self.hbm_advance(d)
         self.hbm_sum[d] -= self.op_rate[op]
         self.hbm_running[d].remove(op)
-        self.hbm_record(d)
-        self.hbm_schedule(d)
+        self.hbm_change(d, -1)
         if self.op_kind[op] == K_MEM:
             self.push(self.now + self.op_lat_ps[op], EV_OP_DONE, op)
             return
@@ -1002,6 +1028,11 @@ class Engine:
     @property
     def hbm_shared_ops(self):
         return np.flatnonzero(np.asarray(self.op_rate) > 0).astype(np.int32)
+
+    @property
+    def hbm_shared_demand(self):
+        rate = np.asarray(self.op_rate, dtype=np.int64)
+        return rate[rate > 0]
 
     def op_messages(self, op):
         return np.asarray(self.op_msgs[op], dtype=np.int32)

@@ -82,6 +82,10 @@ class Lowered:
     # HBM bandwidth a die's running COMP ops share (bytes/s; empty or 0: each op runs as timed
     # alone). See cmemu._core.hbm_sharing.
     die_hbm_byte_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # What one AIC / one AIV of a die moves at most between HBM and its buffers (bytes/s;
+    # core_move_byte_per_s): an op's HBM demand is at most its cores' (empty or 0: no such cap).
+    die_aic_move_byte_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    die_aiv_move_byte_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # Messages repeated by collectives placed again: int64 [segments, 4] rows (first message, count,
     # first message of its template, op shift) in message order, covering them all: messages
     # lo..lo+count-1 are the template's, their send/recv ops (>= 0) plus the shift. A segment whose
@@ -338,6 +342,9 @@ def lower(trace, topo: Topology, fill_messages: bool = True) -> Lowered:
     lowered = assemble(parts, names, dies, np.full(dies, die.aic_cores), np.full(dies, die.aiv_cores),
                        num_trace_ops=n, fill_copies=fill_messages)
     lowered.die_hbm_byte_per_s = np.full(dies, hbm_capacity_byte_per_s(die), dtype=np.int64)
+    aic_move, aiv_move = core_move_byte_per_s(die)
+    lowered.die_aic_move_byte_per_s = np.full(dies, aic_move, dtype=np.int64)
+    lowered.die_aiv_move_byte_per_s = np.full(dies, aiv_move, dtype=np.int64)
     if pipe_op.size:
         lowered.pipe_task_op = pipe_op.astype(np.int32)
         lowered.pipe_task_pipe = pipe_code.astype(np.uint8)
@@ -376,6 +383,22 @@ def hbm_capacity_byte_per_s(die) -> int:
 
     m = DieModel.of(die)
     return int(m.hbm_read_byte_per_cycle / m.cycle_ps * 1e12)
+
+
+def core_move_byte_per_s(die) -> tuple[int, int]:
+    """What one AIC and one AIV can move between HBM and their buffers at most (bytes/s), from
+    the die spec's per-core rates at the AI-core clock: an AIC reads through its MTE2
+    (``mte2_byte_per_cycle``) and writes through its FixPipe (``fixpipe_byte_per_cycle``: its
+    results leave L0C for GM that way, not through an MTE3); an AIV reads through its MTE2
+    (``aiv_mte2_byte_per_cycle``) and writes through its MTE3 (``mte3_byte_per_cycle``). Reads
+    and writes can overlap, so the two add up."""
+    from cmemu.die.model import DieModel
+
+    m = DieModel.of(die)
+    hz = die.ai_core_clock_mhz * 1e6
+    aic = (m.mte2_milli_byte_per_cycle(aiv=False) / 1000 + die.fixpipe_byte_per_cycle) * hz
+    aiv = (m.mte2_milli_byte_per_cycle(aiv=True) / 1000 + die.mte3_byte_per_cycle) * hz
+    return int(aic), int(aiv)
 
 
 def _pipe_tasks(cost, die) -> list:

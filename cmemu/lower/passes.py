@@ -169,23 +169,46 @@ def message_lists_reference(kind, send_op, recv_op, send_kind: int, recv_kind: i
     return ptr, ids[np.argsort(owner, kind="stable")].astype(np.int32)
 
 
-def hbm_demand(kind, dur_ps, hbm_byte, rank, cap, kinds) -> np.ndarray:
+def hbm_demand(kind, dur_ps, hbm_byte, rank, cap, kinds, aic=None, aiv=None, aic_move=None, aiv_move=None) -> np.ndarray:
     """Each op's HBM demand in bytes/s (int64[ops], 0 for none): an op of one of ``kinds`` with
     HBM bytes and a duration draws its bytes over its duration, rounded up, at least 1 and at
     most its die's capacity ``cap[rank]`` (ranks outside the dies count as the nearest die); an
-    op on a die of capacity 0 takes no part (cmemu._core.hbm_sharing)."""
+    op on a die of capacity 0 takes no part (cmemu._core.hbm_sharing). With core counts
+    (``aic``, ``aiv`` per op) and what one core of each moves (``aic_move``, ``aiv_move`` per
+    die, bytes/s), also at most what its cores move: aic x aic_move + aiv x aiv_move (an op
+    with no cores, a DMA or MEM op, is bounded by its own rate only)."""
     kinds = np.asarray(kinds, dtype=np.uint8)
+    n = np.asarray(kind).shape[0]
+    if aic is None:
+        aic = aiv = np.zeros(0, dtype=np.int32)
+        aic_move = aiv_move = np.zeros(0, dtype=np.int64)
     return _hbm_demand(np.asarray(kind, dtype=np.uint8), np.asarray(dur_ps, dtype=np.int64),
                        np.asarray(hbm_byte, dtype=np.int64), np.asarray(rank, dtype=np.int32),
-                       np.asarray(cap, dtype=np.int64), kinds)
+                       np.asarray(cap, dtype=np.int64), kinds, _cores(aic, n), _cores(aiv, n),
+                       _per_die(aic_move, cap), _per_die(aiv_move, cap))
+
+
+def _cores(x, n):
+    x = np.asarray(x, dtype=np.int32)
+    if x.shape[0] not in (0, n):
+        raise ValueError(f"hbm_demand: core counts for {x.shape[0]} ops, not {n}")
+    return x
+
+
+def _per_die(x, cap):
+    x = np.zeros(0, dtype=np.int64) if x is None else np.asarray(x, dtype=np.int64)
+    out = np.zeros(np.asarray(cap).shape[0], dtype=np.int64)
+    out[:min(x.shape[0], out.shape[0])] = x[:out.shape[0]]
+    return out
 
 
 @njit(cache=True)
-def _hbm_demand(kind, dur, hbm, rank, cap, kinds):
+def _hbm_demand(kind, dur, hbm, rank, cap, kinds, aic, aiv, aic_move, aiv_move):
     n, dies = kind.shape[0], cap.shape[0]
     rate = np.zeros(n, np.int64)
     if dies == 0:
         return rate
+    cores = aic.shape[0] > 0
     for i in range(n):
         if hbm[i] <= 0 or dur[i] <= 0:
             continue
@@ -197,16 +220,26 @@ def _hbm_demand(kind, dur, hbm, rank, cap, kinds):
             # In double precision, as the reference's numpy expression: the same rounding.
             demand = np.ceil(hbm[i] / dur[i] * 1e12)
             rate[i] = np.int64(min(max(demand, 1.0), np.float64(cap[r])))
+            if cores:
+                most = np.int64(aic[i]) * aic_move[r] + np.int64(aiv[i]) * aiv_move[r]
+                if most > 0 and rate[i] > most:
+                    rate[i] = most
     return rate
 
 
-def hbm_demand_reference(kind, dur_ps, hbm_byte, rank, cap, kinds) -> np.ndarray:
+def hbm_demand_reference(kind, dur_ps, hbm_byte, rank, cap, kinds, aic=None, aiv=None, aic_move=None,
+                         aiv_move=None) -> np.ndarray:
     dies = cap.shape[0]
     rank = np.clip(rank, 0, max(dies - 1, 0))
     takes_part = np.isin(kind, kinds) & (hbm_byte > 0) & (dur_ps > 0) & (cap[rank] > 0 if dies else False)
     rate = np.zeros(dur_ps.shape[0], dtype=np.int64)
     most = cap[rank[takes_part]].astype(np.float64)
     rate[takes_part] = np.clip(np.ceil(hbm_byte[takes_part] / dur_ps[takes_part] * 1e12), 1, most).astype(np.int64)
+    if aic is not None and dies:
+        move = (np.asarray(aic, dtype=np.int64) * _per_die(aic_move, cap)[rank]
+                + np.asarray(aiv, dtype=np.int64) * _per_die(aiv_move, cap)[rank])
+        capped = takes_part & (move > 0)
+        rate[capped] = np.minimum(rate[capped], move[capped])
     return rate
 
 
