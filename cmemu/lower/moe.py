@@ -177,18 +177,6 @@ def split_to_cores(n: int, cores: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
-def _stream(ctx, m, dst_members, nbytes, prep, flow, aiv, send_op, recv_op, kind=MSG_WRITE):
-    """Messages of AIV ``aiv`` of member m, in the order the AIV issues them."""
-    if len(dst_members) == 0:
-        return
-    dst_ep = ctx.ranks[np.asarray(dst_members)]
-    src_ep = np.full(dst_ep.size, ctx.ranks[m])
-    if kind == MSG_READ:  # a read's data leaves the target: the message goes from it to the reader
-        src_ep, dst_ep = dst_ep, src_ep
-    ctx.b.messages_between(ctx.topo, src_ep, dst_ep, nbytes, send_op, recv_op, kind=kind,
-                           ini=aiv_initiator(ctx.topo, ctx.ranks[m], aiv), prep=prep, flow=flow)
-
-
 def moe_aiv(ctx, entries, combine: bool, routing_experts, local: int):
     """Lower one MoE dispatch or combine on AIV-Direct with the kernel the node asks for;
     returns each member's last op."""
@@ -198,17 +186,89 @@ def moe_aiv(ctx, entries, combine: bool, routing_experts, local: int):
 
         raise TraceError(ctx.trace.path, f"cmemu.kernel must be one of {', '.join(KERNELS)}, got {kernel!r}",
                          ctx.nodes[0].id, "cmemu.kernel")
+    entries = np.asarray(entries, dtype=np.int64)
     if combine:
         return _combine(ctx, entries, routing_experts, local, kernel)
     return _dispatch(ctx, entries, routing_experts, local, kernel)
 
 
-def _ops(ctx, m, n, phase, **cols):
-    return ctx.b.ops(n, rank=int(ctx.ranks[m]), parent=ctx.ops[m], phase=PHASE[phase], **cols)
+# --- building blocks, vectorised over every member and core of the collective -----------------
 
 
-def _op(ctx, m, phase, **cols):
-    return int(_ops(ctx, m, 1, phase, **cols)[0])
+def _per_member(ctx, n, phase, member, **cols):
+    """Ops of the given members (an array, one op each)."""
+    member = np.asarray(member, dtype=np.int64)
+    return ctx.b.ops(n, rank=ctx.ranks[member], parent=np.asarray(ctx.ops)[member], phase=PHASE[phase], **cols)
+
+
+def _messages(ctx, src_member, dst_member, nbytes, send_op, recv_op, core, prep=0, flow=0, kind=MSG_WRITE):
+    """Messages issued by AIV ``core`` of ``src_member`` (the reader's for a read, whose data
+    comes from ``dst_member``), in the order given: each AIV's in the order it issues them."""
+    src_member = np.asarray(src_member, dtype=np.int64)
+    if src_member.size == 0:
+        return
+    mine, peer = ctx.ranks[src_member], ctx.ranks[np.asarray(dst_member, dtype=np.int64)]
+    src_ep, dst_ep = (peer, mine) if kind == MSG_READ else (mine, peer)
+    ctx.b.messages_between(ctx.topo, src_ep, dst_ep, nbytes, send_op, recv_op, kind=kind,
+                           ini=aiv_initiator(ctx.topo, mine, core), prep=prep, flow=flow)
+
+
+def _segment_plan(seg, remote, own, local_cost, n_seg):
+    """An AIV's send loop over its items (tokens or rows), for every loop at once. ``seg``: each
+    item's loop (non-decreasing); ``remote``: whether it is a remote write; ``own``: the core's
+    work for it; ``local_cost``: what a local item adds (its local write). A remote item's prep
+    is its own work plus the local items' since the previous remote one of its loop (or the
+    loop's start); a loop's tail is its local items' after its last remote one (all of them if it
+    has none). Returns (prep of each remote item, whether each loop has one, each loop's tail)."""
+    n = seg.size
+    idx = np.arange(n, dtype=np.int64)
+    carry = np.where(remote, 0, own + local_cost).astype(np.int64)
+    csum = np.concatenate([[0], np.cumsum(carry)])
+    seg_lo = np.searchsorted(seg, np.arange(n_seg), side="left")
+    seg_hi = np.searchsorted(seg, np.arange(n_seg), side="right")
+    base = np.maximum.accumulate(np.where(remote, idx + 1, 0)) if n else idx
+    prev = np.concatenate([[0], base[:-1]]) if n else idx
+    prev = np.maximum(prev, seg_lo[seg])
+    ri = np.flatnonzero(remote)
+    prep = own[ri] + csum[ri] - csum[prev[ri]]
+    last_r = np.full(n_seg, -1, dtype=np.int64)
+    np.maximum.at(last_r, seg[ri], ri)
+    has = last_r >= 0
+    tail = np.where(has, csum[seg_hi] - csum[np.maximum(last_r, 0) + 1], csum[seg_hi] - csum[seg_lo])
+    return prep.astype(np.int64), has, tail.astype(np.int64)
+
+
+def _loops(ctx, entries, seg_member, seg_core, has, tail, nbytes, phase="send"):
+    """One op per non-empty loop (a SEND holding its remote writes, or a COMP of its local work),
+    after its member's entry, and a COMP of its tail after it. Returns (the loop op of each
+    segment, the last op of each segment), -1 for an empty one."""
+    b = ctx.b
+    n_seg = seg_member.size
+    live = has | (tail > 0)
+    loop_op = np.full(n_seg, -1, dtype=np.int64)
+    last = np.full(n_seg, -1, dtype=np.int64)
+    sel = np.flatnonzero(live)
+    if sel.size:
+        kind = np.where(has[sel], OP_SEND, OP_COMP)
+        loop_op[sel] = _per_member(ctx, sel.size, phase, seg_member[sel], kind=kind,
+                                   dur=np.where(has[sel], 0, tail[sel]), aiv=1, lane=ctx.lane_aiv,
+                                   nbytes=np.where(has[sel], nbytes[sel], 0))
+        b.edges(entries[seg_member[sel]], loop_op[sel])
+        last[sel] = loop_op[sel]
+    t = np.flatnonzero(has & (tail > 0))
+    if t.size:
+        tails = _per_member(ctx, t.size, phase, seg_member[t], kind=OP_COMP, dur=tail[t], aiv=1, lane=ctx.lane_aiv)
+        b.edges(loop_op[t], tails)
+        last[t] = tails
+    return loop_op, last
+
+
+def _join(ctx, seg_member, last, members, phase, dur, **cols):
+    """Per member, one op after the last ops of its loops (and a member's own start-up first)."""
+    ops = _per_member(ctx, members, phase, np.arange(members), kind=OP_COMP, dur=dur, lane=ctx.lane_aiv, **cols)
+    live = last >= 0
+    ctx.b.edges(last[live], ops[seg_member[live]])
+    return ops
 
 
 def _dispatch(ctx, entries, experts, local, kernel):
@@ -223,9 +283,8 @@ def _dispatch(ctx, entries, experts, local, kernel):
     token_b = 2 * hidden
     flat = experts.reshape(members, pairs)  # expert of each (token, k) pair, per source member
     dst = flat // local
-    # Per pair: the token's load and its quantisation, and in the low-latency kernel first its slot:
-    # a count over the pairs before it (grows with its index; the normal kernel has it from
-    # dispatch_layout).
+    # Per pair: the token's load and its quantisation, and in the low-latency kernel first its
+    # slot: a count over the pairs before it (the normal kernel has it from dispatch_layout).
     work = np.full(pairs, st.load_ps(token_b) + st.quant_ps(hidden), dtype=np.int64)
     if kernel == "low_latency":
         work += st.count_ps_array(np.arange(pairs))
@@ -234,148 +293,115 @@ def _dispatch(ctx, entries, experts, local, kernel):
     local_write = st.store_ps(write_b)
     setup = st.load_ps(FLAG_BYTE, from_hbm=True) + st.store_ps(FLAG_BYTE) + st.load_ps(4 * pairs)
     bounds = split_to_cores(pairs, A)
-    exits = []
-    # Experts per core for the status step, and the count each core makes for its experts.
+    core_of_pair = np.searchsorted(bounds, np.arange(pairs), side="right") - 1
+    work[bounds[:-1][bounds[:-1] < pairs]] += setup  # each core's first pair also sets it up
+    # Experts per core for the status step; the low-latency kernel counts each of them over all
+    # pairs (the normal kernel's flag carries no count: the counts went through notify_dispatch).
     ebounds = split_to_cores(n_experts, A)
-    # The low-latency kernel counts each of its experts' pairs for the status entry; the normal
-    # kernel's flag carries no count (the counts went through notify_dispatch).
-    count_ps = st.count_ps(pairs) * int(np.max(np.diff(ebounds))) if n_experts and kernel == "low_latency" else 0
-    received = np.bincount(dst.ravel(), minlength=members)  # rows each member gets
-    # Slots (source member, local expert) each core of a member polls and copies: contiguous.
+    count_ps = st.count_ps(pairs) * int(np.max(np.diff(ebounds))) if kernel == "low_latency" else 0
+    received = np.bincount(dst.ravel(), minlength=members)
+    # A member's slots (local expert, source member), the kernel's order, split over its cores.
     slots = members * local
     sbounds = split_to_cores(slots, A)
-    recv_slot = np.zeros((members, slots), dtype=np.int64)  # rows in each of a member's slots
+    recv_slot = np.zeros((members, slots), dtype=np.int64)
+    e = np.arange(n_experts)
     for src in range(members):
-        cnt = np.bincount(flat[src], minlength=n_experts)  # the source's pairs per expert
-        e = np.arange(n_experts)
-        recv_slot[e // local, (e % local) * members + src] = cnt
-    flag_recvs = []
-    for m in range(members):
-        entry = entries[m]
-        sends = []
-        if kernel == "low_latency":
-            sends = _ll_pair_writes(ctx, m, entry, dst[m], bounds, work, local_write, setup, write_b)
-            phase_send = sends
-        else:
-            # Normal: every pair into the die's own window (local writes), then a pull.
-            per_core = []
-            for c in range(A):
-                lo, hi = bounds[c], bounds[c + 1]
-                per_core.append(setup + int(np.sum(np.maximum(work[lo:hi], local_write))) + (local_write if hi > lo else 0))
-            share = _op(ctx, m, "send", kind=OP_COMP, dur=max(per_core), aiv=A, lane=ctx.lane_aiv,
-                        nbytes=pairs * (token_b + write_b), hbm=pairs * (token_b + write_b))
-            b.edges(entry, share)
-            sends = [share]
-        # Status: count, barrier, one flag per (this die, expert) for every expert on another die.
-        barrier = _op(ctx, m, "barrier", kind=OP_COMP, dur=count_ps + st.sync_all_ps(), lane=ctx.lane_aiv)
-        b.edges(np.asarray(sends), np.full(len(sends), barrier))
-        e_all = np.arange(n_experts)
-        remote_e = e_all[e_all // local != m]
-        status = _op(ctx, m, "status", kind=OP_SEND, lane=ctx.lane_aiv, nbytes=FLAG_BYTE * remote_e.size)
-        b.edges(barrier, status)
-        core_of_e = np.searchsorted(ebounds, remote_e, side="right") - 1
-        order = np.argsort(core_of_e, kind="stable")
-        flag_recvs.append((m, status, remote_e[order], core_of_e[order]))
-        exits.append(status)
-    # Every member's wait: a receive of the flags of every other die for its experts.
-    waits = [_op(ctx, m, "wait", kind=OP_RECV, lane=ctx.lane_aiv, nbytes=FLAG_BYTE * (members - 1) * local)
-             for m in range(members)]
-    for m, status, es, cores in flag_recvs:
-        d = es // local
-        for c in np.unique(cores):
-            sel = cores == c
-            _stream(ctx, m, d[sel], FLAG_BYTE, 0, 0, int(c), status, np.asarray(waits)[d[sel]])
-    out = []
-    for m in range(members):
-        b.edges(exits[m], waits[m])  # polling starts after the barrier (and one's own flags went out)
-        seen = _op(ctx, m, "wait", kind=OP_COMP, lane=ctx.lane_aiv,
-                   dur=st.poll_ps(FLAG_BYTE * int(np.max(np.diff(sbounds)))) + st.sync_all_ps()
-                   + st.load_ps(4 * A, from_hbm=False))
-        b.edges(waits[m], seen)
-        cs = np.concatenate([[0], np.cumsum(recv_slot[m])])
-        per_core = cs[sbounds[1:]] - cs[sbounds[:-1]]
-        if kernel == "low_latency":
-            copy_ps = max(st.copy_rows_ps(int(r), write_b, (TRIPLE_BYTE, 4, hidden)) for r in per_core)
-            copy = _op(ctx, m, "copy", kind=OP_COMP, dur=copy_ps + (st.sync_all_ps() if local > 1 else 0),
-                       aiv=A, lane=ctx.lane_aiv, nbytes=int(received[m]) * (write_b + hidden),
-                       hbm=int(received[m]) * (write_b + hidden))
-            b.edges(seen, copy)
-            out.append(copy)
-        else:
-            out.append(_pull(ctx, m, seen, recv_slot[m], sbounds, write_b, hidden, local))
-    return np.asarray(out)
-
-
-def _ll_pair_writes(ctx, m, entry, dst_of_pair, bounds, work, local_write, setup, write_b):
-    """Member m's pair writes, one AIV stream per core: returns the cores' ops."""
-    b = ctx.b
-    ops = []
-    for c in range(len(bounds) - 1):
-        lo, hi = bounds[c], bounds[c + 1]
-        if hi == lo:
-            continue
-        d = dst_of_pair[lo:hi]
-        w = work[lo:hi].copy()
-        w[0] += setup
-        remote = d != m
-        # A local pair's work and its local write come before the next remote write.
-        carry = np.where(remote, 0, w + local_write)
-        prep = w.copy()
-        acc = 0
+        recv_slot[e // local, (e % local) * members + src] = np.bincount(flat[src], minlength=n_experts)
+    seg_member = np.repeat(np.arange(members), A)
+    seg_core = np.tile(np.arange(A), members)
+    if kernel == "low_latency":
+        m_of = np.repeat(np.arange(members), pairs)
+        seg = m_of * A + np.tile(core_of_pair, members)
+        remote = dst.ravel() != m_of
+        prep, has, tail = _segment_plan(seg, remote, np.tile(work, members), local_write, members * A)
+        nbytes = np.bincount(seg[remote], minlength=members * A) * write_b
+        loop_op, last = _loops(ctx, entries, seg_member, seg_core, has, tail, nbytes)
         ri = np.flatnonzero(remote)
-        if ri.size == 0:
-            op = _op(ctx, m, "send", kind=OP_COMP, dur=int(carry.sum()), aiv=1, lane=ctx.lane_aiv)
-            b.edges(entry, op)
-            ops.append(op)
-            continue
-        csum = np.concatenate([[0], np.cumsum(carry)])
-        prev = np.concatenate([[0], ri[:-1] + 1])
-        prep_r = prep[ri] + (csum[ri] - csum[prev])
-        tail = int(csum[-1] - csum[ri[-1] + 1])
-        send = _op(ctx, m, "send", kind=OP_SEND, aiv=1, lane=ctx.lane_aiv, nbytes=write_b * ri.size)
-        b.edges(entry, send)
-        _stream(ctx, m, d[ri], write_b, prep_r, 1 | FLOW_BASE, c, send, -1)
-        if tail:
-            t = _op(ctx, m, "send", kind=OP_COMP, dur=tail, aiv=1, lane=ctx.lane_aiv)
-            b.edges(send, t)
-            send = t
-        ops.append(send)
-    return ops
+        _messages(ctx, m_of[ri], dst.ravel()[ri], write_b, loop_op[seg[ri]], -1, seg_core[seg[ri]], prep,
+                  1 | FLOW_BASE)
+    else:
+        # Every pair into the die's own window (local writes); a core's next pair's work runs
+        # under its previous write, which it waits for.
+        per_core = np.add.reduceat(np.maximum(work, local_write), bounds[:-1][bounds[:-1] < pairs])
+        share_ps = int(per_core.max()) + local_write if pairs else 0
+        share = _per_member(ctx, members, "send", np.arange(members), kind=OP_COMP, dur=share_ps, aiv=A,
+                            lane=ctx.lane_aiv, nbytes=pairs * (token_b + write_b), hbm=pairs * (token_b + write_b))
+        b.edges(entries, share)
+        last = share
+        seg_member = np.arange(members)
+    # Status: count, barrier, one flag per (this die, expert) for every expert on another die.
+    barrier = _join(ctx, seg_member, last, members, "barrier", count_ps + st.sync_all_ps())
+    e_of = np.tile(np.arange(n_experts), members)
+    m_of = np.repeat(np.arange(members), n_experts)
+    far = e_of // local != m_of
+    status = _per_member(ctx, members, "status", np.arange(members), kind=OP_SEND, lane=ctx.lane_aiv,
+                         nbytes=FLAG_BYTE * int(far.sum() // members))
+    b.edges(barrier, status)
+    waits = _per_member(ctx, members, "wait", np.arange(members), kind=OP_RECV, lane=ctx.lane_aiv,
+                        nbytes=FLAG_BYTE * (members - 1) * local)
+    b.edges(status, waits)  # a core polls once its own flags are out
+    fe, fm = e_of[far], m_of[far]
+    _messages(ctx, fm, fe // local, FLAG_BYTE, status[fm], waits[fe // local],
+              np.searchsorted(ebounds, fe, side="right") - 1)
+    seen = _per_member(ctx, members, "wait", np.arange(members), kind=OP_COMP, lane=ctx.lane_aiv,
+                       dur=st.poll_ps(FLAG_BYTE * int(np.max(np.diff(sbounds)))) + st.sync_all_ps()
+                       + st.load_ps(4 * A))
+    b.edges(waits, seen)
+    cs = np.concatenate([np.zeros((members, 1), dtype=np.int64), np.cumsum(recv_slot, axis=1)], axis=1)
+    rows_per_core = cs[:, sbounds[1:]] - cs[:, sbounds[:-1]]  # [members, A]
+    if kernel == "low_latency":
+        copy_ps = np.array([st.copy_rows_ps(int(r), write_b, (TRIPLE_BYTE, 4, hidden))
+                            for r in rows_per_core.max(axis=1)], dtype=np.int64)
+        copy = _per_member(ctx, members, "copy", np.arange(members), kind=OP_COMP,
+                           dur=copy_ps + (st.sync_all_ps() if local > 1 else 0), aiv=A, lane=ctx.lane_aiv,
+                           nbytes=received * (write_b + hidden), hbm=received * (write_b + hidden))
+        b.edges(seen, copy)
+        return copy
+    return _pull(ctx, seen, recv_slot, sbounds, write_b, hidden, local)
 
 
-def _pull(ctx, m, start, rows_of_slot, sbounds, write_b, hidden, local):
-    """Normal dispatch's last step on member m: each core reads its slots' tokens from the source
-    dies' windows, one at a time, and stores them in expert order under the next read."""
+def _pull(ctx, start, recv_slot, sbounds, write_b, hidden, local):
+    """Normal dispatch's last step: each core reads its slots' tokens from the source dies'
+    windows, one at a time (the kernel dequeues each token before its stores and the next
+    read), storing each row in expert order under the next read; its local rows are read from its
+    own window."""
     b = ctx.b
     st = steps_of(ctx.die)
-    members = len(ctx.ops)
-    ends = []
-    for c in range(len(sbounds) - 1):
-        srcs = []
-        for s in range(sbounds[c], sbounds[c + 1]):
-            src = s % members
-            n = int(rows_of_slot[s])
-            srcs += [src] * n
-        srcs = np.asarray(srcs, dtype=np.int64)
-        remote = srcs != m
-        n_local = int((~remote).sum())
-        if remote.sum() == 0 and n_local == 0:
-            continue
-        recv = _op(ctx, m, "copy", kind=OP_RECV, aiv=1, lane=ctx.lane_aiv, nbytes=write_b * int(remote.sum()))
-        b.edges(start, recv)
-        # The stores of each row (12 + 4 + hidden B) run behind the next reads (double buffered):
-        # after the last read, its row's stores, and any local rows (read from one's own window).
-        tail = st.copy_rows_ps(n_local, write_b, (TRIPLE_BYTE, 4, hidden)) if n_local else 0
-        tail += st.c(sum(st.mte3(x) for x in (TRIPLE_BYTE, 4, hidden)) + st.hbm_wr)
-        # One read in flight: the kernel dequeues each token (EnQue then DeQue) before it issues
-        # its stores and the next read ([SKN] cam_moe_dispatch_normal.h ShareToOutputLongSeq); the
-        # double buffer lets the stores of one row run under the next read.
-        _stream(ctx, m, srcs[remote], write_b, 0, 1, c, -1, recv, kind=MSG_READ)
-        done = _op(ctx, m, "copy", kind=OP_COMP, dur=tail, aiv=1, lane=ctx.lane_aiv)
-        b.edges(recv, done)
-        ends.append(done)
-    exit_ = _op(ctx, m, "copy", kind=OP_COMP, dur=st.sync_all_ps() if local > 1 else 0, lane=ctx.lane_aiv)
-    b.edges(np.asarray(ends, dtype=np.int64) if ends else start, np.full(max(len(ends), 1), exit_))
+    members, A = recv_slot.shape[0], len(sbounds) - 1
+    slots = recv_slot.shape[1]
+    core_of_slot = np.searchsorted(sbounds, np.arange(slots), side="right") - 1
+    src_of_slot = np.arange(slots) % members
+    # Rows in (member, slot, row) order: each core's rows are contiguous, in its order.
+    counts = recv_slot.ravel()
+    m_of = np.repeat(np.repeat(np.arange(members), slots), counts)
+    slot = np.repeat(np.tile(np.arange(slots), members), counts)
+    seg = m_of * A + core_of_slot[slot]
+    src = src_of_slot[slot]
+    remote = src != m_of
+    n_seg = members * A
+    n_remote = np.bincount(seg[remote], minlength=n_seg)
+    n_local = np.bincount(seg[~remote], minlength=n_seg)
+    stores = st.c(sum(st.mte3(x) for x in (TRIPLE_BYTE, 4, hidden)) + st.hbm_wr)
+    tail = np.array([st.copy_rows_ps(int(k), write_b, (TRIPLE_BYTE, 4, hidden)) if k else 0 for k in range(
+        int(n_local.max()) + 1)], dtype=np.int64)[n_local] + np.where(n_remote > 0, stores, 0)
+    seg_member = np.repeat(np.arange(members), A)
+    has = n_remote > 0
+    live = np.flatnonzero(has | (n_local > 0))
+    recv = np.full(n_seg, -1, dtype=np.int64)
+    r = np.flatnonzero(has)
+    if r.size:
+        recv[r] = _per_member(ctx, r.size, "copy", seg_member[r], kind=OP_RECV, aiv=1, lane=ctx.lane_aiv,
+                              nbytes=write_b * n_remote[r])
+        b.edges(start[seg_member[r]], recv[r])
+    done = _per_member(ctx, live.size, "copy", seg_member[live], kind=OP_COMP, dur=tail[live], aiv=1,
+                       lane=ctx.lane_aiv)
+    b.edges(np.where(recv[live] >= 0, recv[live], start[seg_member[live]]), done)
+    last = np.full(n_seg, -1, dtype=np.int64)
+    last[live] = done
+    ri = np.flatnonzero(remote)
+    _messages(ctx, m_of[ri], src[ri], write_b, -1, recv[seg[ri]], seg[ri] % A, 0, 1, kind=MSG_READ)
+    exit_ = _join(ctx, seg_member, last, members, "copy", st.sync_all_ps() if local > 1 else 0)
+    b.edges(start, exit_)
     return exit_
 
 
@@ -387,45 +413,40 @@ def notify(ctx, entries, local):
     st = steps_of(ctx.die)
     members, A = len(ctx.ops), ctx.cores
     n_experts = members * local
+    every = np.arange(members)
     # Core 0 lays out (count, offset, tokens) per expert with scalar loops, then a barrier.
     assemble_ps = st.c(n_experts * 3 * 4) + st.store_ps(NOTIFY_DATA_INT32 * 4 * n_experts) + st.sync_all_ps()
     per_target = NOTIFY_DATA_INT32 * 4 * local
-    waits, starts = [], []
-    for m in range(members):
-        asm = _op(ctx, m, "notify", kind=OP_COMP, dur=assemble_ps, aiv=1, lane=ctx.lane_aiv)
-        b.edges(entries[m], asm)
-        flags = _op(ctx, m, "notify", kind=OP_SEND, lane=ctx.lane_aiv, nbytes=NOTIFY_FLAG_BYTE * (members - 1))
-        b.edges(asm, flags)
-        waits.append(_op(ctx, m, "notify", kind=OP_RECV, lane=ctx.lane_aiv,
-                         nbytes=NOTIFY_FLAG_BYTE * (members - 1)))
-        b.edges(asm, waits[-1])
-        starts.append(flags)
-    for m in range(members):
-        others = np.array([(m + k) % members for k in range(1, members)], dtype=np.int64)
-        core = others % A  # core c serves targets c, c + A, ...: [SKN] notify_dispatch.h
-        for c in np.unique(core):
-            sel = core == c
-            _stream(ctx, m, others[sel], NOTIFY_FLAG_BYTE, st.store_ps(per_target), 0, int(c), starts[m],
-                    np.asarray(waits)[others[sel]])
-    out = []
-    host = round(ctx.comm.host_sync_ns * 1000)
-    for m in range(members):
-        seen = _op(ctx, m, "notify", kind=OP_COMP, dur=st.poll_ps(FLAG_BYTE), lane=ctx.lane_aiv)
-        b.edges(waits[m], seen)
-        others = np.array([(m + k) % members for k in range(1, members)], dtype=np.int64)
-        pull = _op(ctx, m, "notify", kind=OP_RECV, lane=ctx.lane_aiv, nbytes=per_target * others.size)
-        b.edges(seen, pull)
-        core = others % A
-        for c in np.unique(core):
-            sel = core == c
-            _stream(ctx, m, others[sel], per_target, 0, 1, int(c), -1, pull, kind=MSG_READ)
-        build = _op(ctx, m, "notify", kind=OP_COMP, lane=ctx.lane_aiv,
-                    dur=st.sync_all_ps() + st.c(members * local * 4) + st.store_ps(4 * members * local))
-        b.edges(pull, build)
-        h = _op(ctx, m, "host", kind=OP_COMP, dur=2 * host, lane=ctx.lane_aiv)
-        b.edges(build, h)
-        out.append(h)
-    return np.asarray(out)
+    asm = _per_member(ctx, members, "notify", every, kind=OP_COMP, dur=assemble_ps, aiv=1, lane=ctx.lane_aiv)
+    b.edges(entries, asm)
+    flags = _per_member(ctx, members, "notify", every, kind=OP_SEND, lane=ctx.lane_aiv,
+                        nbytes=NOTIFY_FLAG_BYTE * (members - 1))
+    waits = _per_member(ctx, members, "notify", every, kind=OP_RECV, lane=ctx.lane_aiv,
+                        nbytes=NOTIFY_FLAG_BYTE * (members - 1))
+    b.edges(asm, flags)
+    b.edges(asm, waits)
+    # Member m's core c serves the targets m + 1 + c, m + 1 + c + A, ... ([SKN] notify_dispatch.h:
+    # a core per target rank), each after its copy of the target's slice into its own window.
+    m_of = np.repeat(every, members - 1)
+    k = np.tile(np.arange(1, members), members)
+    peer = (m_of + k) % members
+    core = peer % A
+    order = np.lexsort((k, core, m_of))  # each core's targets in a row
+    m_of, peer, core = m_of[order], peer[order], core[order]
+    _messages(ctx, m_of, peer, NOTIFY_FLAG_BYTE, flags[m_of], waits[peer], core, st.store_ps(per_target))
+    seen = _per_member(ctx, members, "notify", every, kind=OP_COMP, dur=st.poll_ps(FLAG_BYTE), lane=ctx.lane_aiv)
+    b.edges(waits, seen)
+    pull = _per_member(ctx, members, "notify", every, kind=OP_RECV, lane=ctx.lane_aiv,
+                       nbytes=per_target * (members - 1))
+    b.edges(seen, pull)
+    _messages(ctx, m_of, peer, per_target, -1, pull[m_of], core, 0, 1, kind=MSG_READ)
+    build = _per_member(ctx, members, "notify", every, kind=OP_COMP, lane=ctx.lane_aiv,
+                        dur=st.sync_all_ps() + st.c(members * local * 4) + st.store_ps(4 * members * local))
+    b.edges(pull, build)
+    host = _per_member(ctx, members, "host", every, kind=OP_COMP, dur=2 * round(ctx.comm.host_sync_ns * 1000),
+                       lane=ctx.lane_aiv)
+    b.edges(build, host)
+    return host
 
 
 def _combine(ctx, entries, experts, local, kernel):
@@ -436,95 +457,72 @@ def _combine(ctx, entries, experts, local, kernel):
     tokens, top_k, hidden = a["cmemu.tokens"], a["cmemu.top_k"], a["cmemu.hidden"]
     row_b = 2 * hidden
     flat = experts.reshape(members, tokens * top_k)
-    holder = flat // local  # who holds each (source, token, k) row
-    # Rows a member holds, in dispatch output order: local expert, source member, the source's
-    # pair order.
+    # Rows each member holds, in the dispatch's output order: local expert, source member, the
+    # source's pair order.
     src_of = np.repeat(np.arange(members), tokens * top_k)
     pair_of = np.tile(np.arange(tokens * top_k), members)
     e = flat.ravel()
-    h = holder.ravel()
+    h = e // local
     order = np.lexsort((pair_of, src_of, e % local, h))
     h_sorted = h[order]
     hb = np.searchsorted(h_sorted, np.arange(members + 1))
+    n_held = np.diff(hb)
+    # Each holder's rows split over its cores, contiguous; a core's loop starts at (loop + rank)
+    # mod n in the low-latency kernel (its staggered send).
+    pos = np.arange(order.size) - hb[h_sorted]  # place among its holder's rows
+    cb = np.stack([split_to_cores(int(n), A) for n in n_held])  # [members, A + 1]
+    core = (pos[:, None] >= cb[h_sorted, 1:]).sum(axis=1)  # its core
+    lo = cb[h_sorted, core]
+    k = cb[h_sorted, core + 1] - lo
+    if kernel == "low_latency":
+        rows = order[hb[h_sorted] + lo + (pos - lo + h_sorted) % k]
+    else:
+        rows = order
+    src, tok = src_of[rows], pair_of[rows] // top_k
+    seg = h_sorted * A + core
+    remote = src != h_sorted
     load = st.load_ps(row_b)
     local_row = load + st.store_ps(row_b) + st.store_ps(FLAG_BYTE)
-    sum_ps = st.weighted_sum_ps(top_k, hidden) + st.poll_ps(FLAG_BYTE * top_k)
+    prep, has, tail = _segment_plan(seg, remote, np.full(rows.size, load, dtype=np.int64), local_row - load,
+                                    members * A)
+    seg_member = np.repeat(np.arange(members), A)
+    seg_core = np.tile(np.arange(A), members)
+    nbytes = np.bincount(seg[remote], minlength=members * A) * (row_b + FLAG_BYTE)
+    loop_op, last = _loops(ctx, entries, seg_member, seg_core, has, tail, nbytes)
+    # Each member's receive chains: per core a run of its tokens, per token a receive of its K
+    # flags then a poll and its weighted sum; a core's chain follows its own send loop.
     tbounds = split_to_cores(tokens, A)
-    # Each member's receive chain per core: per token a receive of its K flags, then its sum.
-    recv_of = np.full((members, tokens), -1, dtype=np.int64)
-    chains = []
-    for m in range(members):
-        per = []
-        for c in range(A):
-            lo, hi = tbounds[c], tbounds[c + 1]
-            if hi == lo:
-                continue
-            ops = _ops(ctx, m, 2 * (hi - lo), "sum", kind=np.tile([OP_RECV, OP_COMP], hi - lo),
-                       dur=np.tile([0, sum_ps], hi - lo), aiv=1, lane=ctx.lane_aiv,
-                       nbytes=np.tile([FLAG_BYTE * top_k, top_k * row_b + row_b], hi - lo),
-                       hbm=np.tile([0, top_k * row_b + row_b], hi - lo))
-            recv_of[m, lo:hi] = ops[0::2]
-            if ops.size > 1:
-                b.edges(ops[:-1], ops[1:])
-            per.append((c, ops[0], ops[-1]))
-        chains.append(per)
-    exits = []
-    for m in range(members):
-        rows = order[hb[m]:hb[m + 1]]
-        n = rows.size
-        bounds = split_to_cores(n, A)
-        ends = {}
-        for c in range(A):
-            lo, hi = bounds[c], bounds[c + 1]
-            k = hi - lo
-            if k == 0:
-                continue
-            sel = rows[lo:hi]
-            if kernel == "low_latency":  # staggered: start at (loop + rank) % n ([OT] combine_v2.h)
-                sel = sel[(np.arange(k) + m) % k]
-            src = src_of[sel]
-            tok = pair_of[sel] // top_k
-            remote = src != m
-            ri = np.flatnonzero(remote)
-            carry = np.where(remote, 0, local_row)
-            if ri.size == 0:
-                op = _op(ctx, m, "send", kind=OP_COMP, dur=int(carry.sum()), aiv=1, lane=ctx.lane_aiv)
-                b.edges(entries[m], op)
-                ends[c] = op
-                continue
-            csum = np.concatenate([[0], np.cumsum(carry)])
-            prev = np.concatenate([[0], ri[:-1] + 1])
-            prep = load + (csum[ri] - csum[prev])
-            tail = int(csum[-1] - csum[ri[-1] + 1])
-            send = _op(ctx, m, "send", kind=OP_SEND, aiv=1, lane=ctx.lane_aiv, nbytes=(row_b + FLAG_BYTE) * ri.size)
-            b.edges(entries[m], send)
-            # data, flag, data, flag, ...: the flag waits for its data's write (flow 1); the
-            # next row's load runs from the data's issue (low latency) or, after the full barrier
-            # of the normal kernel, from the flag's.
-            nr = ri.size
-            dsts = np.repeat(src[ri], 2)
-            sizes = np.tile([row_b, FLAG_BYTE], nr)
-            preps = np.zeros(2 * nr, dtype=np.int64)
-            preps[0::2] = prep
-            flows = np.tile([FLOW_BASE, 1] if kernel == "low_latency" else [0, 1 | FLOW_BASE], nr)
-            recvs = np.full(2 * nr, -1, dtype=np.int64)
-            recvs[1::2] = recv_of[src[ri], tok[ri]]
-            _stream(ctx, m, dsts, sizes, preps, flows, c, send, recvs)
-            if tail:
-                t = _op(ctx, m, "send", kind=OP_COMP, dur=tail, aiv=1, lane=ctx.lane_aiv)
-                b.edges(send, t)
-                send = t
-            ends[c] = send
-        exits.append(ends)
-    out = []
-    for m in range(members):
-        exit_ = _op(ctx, m, "sum", kind=OP_COMP, dur=0, lane=ctx.lane_aiv)
-        for c, first, last in chains[m]:
-            # The core's receive loop follows its send loop (no barrier between).
-            b.edges(exits[m][c] if c in exits[m] else entries[m], first)
-            b.edges(last, exit_)
-        for c, op in exits[m].items():
-            b.edges(op, exit_)
-        b.edges(entries[m], exit_)
-        out.append(exit_)
-    return np.asarray(out)
+    sum_ps = st.weighted_sum_ps(top_k, hidden) + st.poll_ps(FLAG_BYTE * top_k)
+    chain = _per_member(ctx, 2 * tokens * members, "sum", np.repeat(np.arange(members), 2 * tokens),
+                        kind=np.tile([OP_RECV, OP_COMP], tokens * members), dur=np.tile([0, sum_ps], tokens * members),
+                        aiv=1, lane=ctx.lane_aiv, nbytes=np.tile([FLAG_BYTE * top_k, (top_k + 1) * row_b],
+                                                                  tokens * members),
+                        hbm=np.tile([0, (top_k + 1) * row_b], tokens * members)).reshape(members, tokens, 2)
+    recv_of = chain[:, :, 0]
+    t_core = np.searchsorted(tbounds, np.arange(tokens), side="right") - 1
+    ops_flat = chain.reshape(members, 2 * tokens)
+    same = np.repeat(t_core, 2)[1:] == np.repeat(t_core, 2)[:-1]  # consecutive ops of one core's chain
+    b.edges(ops_flat[:, :-1][:, same].ravel(), ops_flat[:, 1:][:, same].ravel())
+    firsts = tbounds[:-1][np.diff(tbounds) > 0]
+    chain_core = t_core[firsts]
+    for_seg = np.arange(members)[:, None] * A + chain_core[None, :]
+    start = np.where(last[for_seg] >= 0, last[for_seg], entries[:, None])
+    b.edges(start.ravel(), recv_of[:, firsts].ravel())
+    lasts = tbounds[1:][np.diff(tbounds) > 0] - 1
+    exit_ = _join(ctx, seg_member, last, members, "sum", 0)
+    b.edges(chain[:, lasts, 1].ravel(), np.repeat(exit_, lasts.size))
+    b.edges(entries, exit_)
+    # The rows and their flags: data, flag, data, flag, ...: the flag waits for its data's write
+    # (flow 1); the next row's load runs from the data's issue (low latency) or, after the full
+    # barrier of the normal kernel, from the flag's.
+    ri = np.flatnonzero(remote)
+    nr = ri.size
+    two = np.repeat(ri, 2)
+    sizes = np.tile([row_b, FLAG_BYTE], nr)
+    preps = np.zeros(2 * nr, dtype=np.int64)
+    preps[0::2] = prep
+    flows = np.tile([FLOW_BASE, 1] if kernel == "low_latency" else [0, 1 | FLOW_BASE], nr)
+    recvs = np.full(2 * nr, -1, dtype=np.int64)
+    recvs[1::2] = recv_of[src[ri], tok[ri]]
+    _messages(ctx, h_sorted[two], src[two], sizes, loop_op[seg[two]], recvs, seg_core[seg[two]], preps, flows)
+    return exit_
