@@ -138,3 +138,54 @@ def test_cli_fail_option(cli, tmp_path):
     assert ok.returncode == 0 and out.exists()
     bad = cli("run", TRACES / "mini_moe_layer.json", "-o", tmp_path / "x.h5", "--fail", "l2:9.9", check=False)
     assert bad.returncode == 2 and "l2:9.9" in bad.stderr and not (tmp_path / "x.h5").exists()
+
+
+def _uplink_of(topo, die, plane):
+    from cmemu.topology import L_DIE_UP
+
+    return int(np.flatnonzero((topo.link_kind == L_DIE_UP) & (topo.link_src == die))[plane])
+
+
+def test_lost_traffic_spreads_over_the_live_planes(tmp_path, topo):
+    # 8 MiB from die 0 to die 16 (another node) with one of die 0's 7 uplinks failed: the
+    # packets that plane would have carried go evenly over the six others, within a packet per
+    # plane, and the write takes what six ports give (7/6 of the healthy time, the path's latency
+    # aside), not what two planes sharing the lost share would.
+    size = 8 << 20
+    path = _write(tmp_path, _pair_doc(0, 16, size))
+    healthy = run_trace(path, progress=False)
+    dead = _uplink_of(topo, 0, 4)
+    failed = run_trace(path, progress=False, fail=[f"link:{dead}"])
+    ups = [_uplink_of(topo, 0, p) for p in range(7)]
+    wire = failed.link_bytes[ups]
+    assert wire[4] == 0
+    live = np.delete(wire, 4)
+    packet = topo.spec.ub.flit_wire_byte(topo.spec.ub.transport_mtu_byte + topo.spec.ub.header_write_byte)
+    assert live.max() - live.min() <= packet
+    t_h = int(healthy.op_end_ps[1] - healthy.op_start_ps[0])
+    t_f = int(failed.op_end_ps[1] - failed.op_start_ps[0])
+    assert t_f == pytest.approx(t_h * 7 / 6, rel=0.03)
+
+
+def test_all_to_all_with_a_dead_uplink_costs_its_share(tmp_path, topo):
+    # A 32-die all-to-all loses one of 224 die ports: it may slow by about the lost port's share of
+    # its busiest die, 1/6 (its other six ports carry its traffic), not by 63%.
+    dead = _uplink_of(topo, 0, 2)
+    healthy = all_to_all(topo, build_fabric(topo), 32, 256 << 10)["completion_us"]
+    failed = all_to_all(topo, build_fabric(topo, parse_failures([f"link:{dead}"], topo)), 32, 256 << 10)["completion_us"]
+    assert failed < healthy * 1.25
+
+
+def test_a_failed_die_to_die_link_falls_back_to_ub(tmp_path, topo):
+    # Dies 0 and 1 are one NPU's two dies: with their die-to-die link down, the message goes over
+    # UB through the node's L1 chips (7 ports), as between any two dies of a node.
+    from cmemu.topology import L_D2D
+
+    d2d = [int(i) for i in np.flatnonzero((topo.link_kind == L_D2D) & (topo.link_src == 0))]
+    path = _write(tmp_path, _pair_doc(0, 1, 1 << 20))
+    failed = run_trace(path, progress=False, fail=[f"link:{d2d[0]}"])
+    ub = run_trace(_write(tmp_path, _pair_doc(0, 2, 1 << 20), "ub.json"), progress=False)
+    assert failed.link_bytes[d2d[0]] == 0
+    assert int(failed.op_end_ps[1]) == int(ub.op_end_ps[1])  # the same path lengths as to die 2
+    both = run_trace(path, progress=False, fail=[f"link:{d2d[0]}"], native=False)
+    np.testing.assert_array_equal(failed.op_end_ps, both.op_end_ps)

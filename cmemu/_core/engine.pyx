@@ -444,6 +444,10 @@ cdef class Engine:
     cdef const int32_t[::1] t_vpc_dpu_up
     cdef const int32_t[::1] t_vpc_dpu_down
     cdef int P, U, C, M, N, lb
+    # choose_path with links down: the live paths of message live_m (in path order), live_n of them.
+    cdef int32_t* live
+    cdef int64_t live_m
+    cdef int32_t live_n
     # Packet pool.
     cdef Packet* pkts
     cdef int32_t pkt_cap, pkt_free
@@ -484,6 +488,8 @@ cdef class Engine:
         self.hr = NULL
         self.n_hrows = 0
         self.segs = NULL
+        self.live = NULL
+        self.live_m = -1
 
     def __init__(self, lowered, fabric, int64_t bin_ps=0, bint record_packets=False, int64_t record_deliveries=-1,
                  bint drop_inputs=False):
@@ -790,6 +796,7 @@ cdef class Engine:
         free(self.hrec)
         free(self.hr)
         free(self.segs)
+        free(self.live)
 
     def release(self, bint keep_op_times=False):
         """Free what only the simulation needs, once the run is over: the per-op and per-message
@@ -1075,7 +1082,9 @@ cdef class Engine:
         """The hop-th link from endpoint s to endpoint d, or -1 past the last one."""
         cdef int32_t ns, nd, chip, count, q
         if path == PATH_D2D:
-            return self.t_d2d[s] if hop == 0 else -1
+            if self.lk[self.t_d2d[s]].alive:
+                return self.t_d2d[s] if hop == 0 else -1
+            path = PATH_UB  # the die-to-die link is down: through the node's L1 chips, as UB
         if path == PATH_RDMA:
             if hop == 0:
                 return self.t_rdma_up[s]
@@ -1117,27 +1126,47 @@ cdef class Engine:
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
 
     cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p, int64_t row) except -1:
-        """The (plane, L2 chip) index of packet ``seq`` of message m: sprayed or hashed, and a path
-        through a failed link is replaced by another drawn by a hash of the message, packet and
-        try (so the lost paths' share spreads over the others); after 2 x paths draws, the first
-        live path in order; none at all is an error."""
-        cdef int64_t idx, tries = 0, h = self.path_hash(m, row)
-        cdef int path = self.tab_path[row]
+        """The (plane, L2 chip) index of packet ``seq`` of message m: sprayed, (hash + seq) mod
+        paths, or hashed, the one path its hash picks. With links down, a message with a failed
+        path sprays (or hashes) over its live paths alone, in path order, so that the packets its
+        lost paths would have carried spread evenly over the rest; none at all is an error."""
+        cdef int64_t h = self.path_hash(m, row), n = self.P * self.U, k
         if self.lb == LB_SPRAY:
-            idx = (h + seq) % (self.P * self.U)
+            k = (h + seq) % n
         else:
-            idx = h % (self.P * self.U)
-        while self.links_down and not self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
-            tries += 1
-            if path != PATH_UB or tries > 3 * self.P * self.U:
-                if p >= 0:
-                    self.packet_release(p)
-                raise UnroutableError(m)
-            if tries <= 2 * self.P * self.U:
-                idx = (h * 2654435761 + seq * 40503 + tries * 97) % (self.P * self.U)
-            else:
-                idx = tries - 2 * self.P * self.U - 1
-        return idx
+            k = h % n
+        if not self.links_down:
+            return k
+        if m != self.live_m:
+            self.live_paths(m, self.tab_path[row])
+        if self.live_n == n:
+            return k
+        if self.live_n == 0:
+            if p >= 0:
+                self.packet_release(p)
+            raise UnroutableError(m)
+        return self.live[(h + seq) % self.live_n if self.lb == LB_SPRAY else h % self.live_n]
+
+    cdef int live_paths(self, int32_t m, int path) except -1:
+        """Message m's live paths, in path order (choose_path); a path kind with one route (RDMA,
+        VPC, a live die-to-die link) has all or none."""
+        cdef int64_t n = self.P * self.U, idx
+        cdef bint one = path == PATH_RDMA or path == PATH_VPC
+        if self.live == NULL:
+            self.live = <int32_t*>malloc(n * sizeof(int32_t))
+            if self.live == NULL:
+                raise MemoryError("live paths")
+        self.live_n = 0
+        self.live_m = m
+        for idx in range(n):
+            if (idx == 0 or not one) and self.path_alive(m, <int>(idx % self.P), <int>(idx // self.P)):
+                self.live[self.live_n] = <int32_t>idx
+                self.live_n += 1
+        if one and self.live_n == 1:
+            for idx in range(n):
+                self.live[idx] = <int32_t>idx
+            self.live_n = <int32_t>n
+        return 0
 
     cdef int lose(self, int32_t p) except -1:
         """A packet is lost (its link failed): free what it held; its source sends it again."""
@@ -1152,6 +1181,7 @@ cdef class Engine:
         for i in range(self.fail_ptr[k], self.fail_ptr[k + 1]):
             self.lk[self.fail_links[i]].alive = 0
             self.links_down = True
+            self.live_m = -1  # the live paths are to be found again
         if self.fail_die[k] >= 0:
             self.die_failed[self.fail_die[k]] = 1
         self.revert_in_flight()

@@ -151,6 +151,7 @@ class Engine:
         self.link_lat = F.link_latency_ps.tolist()
         self.link_in_slot = F.link_in_slot.tolist()
         self.link_alive = F.link_alive.tolist()
+        self.links_down = 0 in self.link_alive
         self.fail_time = F.fail_time_ps.tolist()
         self.fail_ptr = F.fail_ptr.tolist()
         self.fail_links = F.fail_links.tolist()
@@ -249,7 +250,9 @@ class Engine:
 
     def route_link(self, path, s, d, plane, uplink, hop):
         if path == PATH_D2D:
-            return self.t_d2d[s] if hop == 0 else -1
+            if self.link_alive[self.t_d2d[s]]:
+                return self.t_d2d[s] if hop == 0 else -1
+            path = PATH_UB
         if path == PATH_RDMA:
             if hop == 0:
                 return self.t_rdma_up[s]
@@ -278,21 +281,24 @@ class Engine:
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
 
     def choose_path(self, m, seq, p):
-        path = self.msg_path[m]
+        """Engine.choose_path: with links down, over the message's live paths alone."""
         pu = self.P * self.U
-        idx = (self.msg_hash[m] + seq) % pu if self.lb == LB_SPRAY else self.msg_hash[m] % pu
-        tries = 0
-        while not self.path_alive(m, idx % self.P, idx // self.P):
-            tries += 1
-            if path != PATH_UB or tries > 3 * pu:
-                if p >= 0:
-                    self.packet_release(p)
-                raise UnroutableError(m)
-            if tries <= 2 * pu:
-                idx = (self.msg_hash[m] * 2654435761 + seq * 40503 + tries * 97) % pu
-            else:
-                idx = tries - 2 * pu - 1
-        return idx
+        h = self.msg_hash[m]
+        k = (h + seq) % pu if self.lb == LB_SPRAY else h % pu
+        if not self.links_down:
+            return k
+        path = self.msg_path[m]
+        one = path in (PATH_RDMA, PATH_VPC)
+        live = [i for i in range(pu) if (i == 0 or not one) and self.path_alive(m, i % self.P, i // self.P)]
+        if one and live:
+            live = list(range(pu))
+        if len(live) == pu:
+            return k
+        if not live:
+            if p >= 0:
+                self.packet_release(p)
+            raise UnroutableError(m)
+        return live[(h + seq) % len(live) if self.lb == LB_SPRAY else h % len(live)]
 
     def lose(self, p):
         self.packets_lost += 1
@@ -302,6 +308,7 @@ class Engine:
         lo, hi = self.fail_ptr[k], self.fail_ptr[k + 1]
         for i in range(lo, hi):
             self.link_alive[self.fail_links[i]] = 0
+            self.links_down = True
         if self.fail_die[k] >= 0:
             self.die_failed[self.fail_die[k]] = True
         self.revert_in_flight()
