@@ -464,6 +464,7 @@ cdef class Engine:
     # (path_reserve); an initiator with a full window issues in one event the packets whose slots
     # free within ``lookahead`` ps (inject). 0: packet level.
     cdef int64_t lookahead
+    cdef int64_t aiv_lookahead  # the same for an AIV's writes (cmemu.lower.fabric.FABRIC_MODELS)
     cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
 
     def __cinit__(self):
@@ -705,6 +706,7 @@ cdef class Engine:
         self.lb = F.load_balancing
 
         self.lookahead = getattr(F, "message_lookahead_ps", 0)
+        self.aiv_lookahead = getattr(F, "aiv_lookahead_ps", self.lookahead)
 
         if self.lookahead > 0 and F.fail_time_ps.shape[0] > 0:
             raise ValueError("the message-level fabric does not model failures during a run")
@@ -2292,7 +2294,10 @@ cdef class Engine:
             t = self.ep_issue_free[ep]
         if t < self.now:
             t = self.now
-        la = self.lookahead if kind == MSG_WRITE else 0
+        # Its instruction is issued its start-up before its first packet leaves: on the
+        # message-level fabric its path is reserved from then, up to the look-ahead ahead.
+        la = self.aiv_lookahead + self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)] if (
+            kind == MSG_WRITE and self.lookahead > 0) else 0
         if t > self.now + la:
             self.wake_at(ep, t - la)
             return -1
@@ -2362,7 +2367,8 @@ cdef class Engine:
                 # frees its slot when its response is back, which is not yet known).
                 if (self.lookahead == 0 or kind != MSG_WRITE or self.ack_len[ep] == 0
                         or self.ack_len[ep] != self.ep_outstanding[ep]
-                        or self.ack_first(ep) > self.now + self.lookahead):
+                        or self.ack_first(ep) > self.now + (self.lookahead if not self.ini_tracked[ep] else
+                                                            self.aiv_lookahead + self.ini_msg_startup[2 * ep])):
                     break
                 if self.ack_first(ep) > self.ep_issue_free[ep]:
                     self.ep_issue_free[ep] = self.ack_first(ep)

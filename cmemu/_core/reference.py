@@ -190,6 +190,7 @@ class Engine:
         self.lb = F.load_balancing
 
         self.lookahead = int(getattr(F, "message_lookahead_ps", 0))
+        self.aiv_lookahead = int(getattr(F, "aiv_lookahead_ps", self.lookahead))
         # Flat (start, end) pairs, sorted and disjoint: links', then the endpoints' sinks'.
         self.cal = [[] for _ in range(n_links + n_eps)]
         self.cal_lo = [0] * (n_links + n_eps)
@@ -787,7 +788,8 @@ class Engine:
                     break
             if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
                 if (self.lookahead == 0 or kind != MSG_WRITE or not h or len(h) != self.ep_outstanding[ep]
-                        or h[0] > self.now + self.lookahead):
+                        or h[0] > self.now + (self.lookahead if not self.ini_tracked[ep]
+                                              else self.aiv_lookahead + self.ini_msg_startup[2 * ep])):
                     break
                 self.ep_issue_free[ep] = max(self.ep_issue_free[ep], heapq.heappop(h))
                 self.ep_outstanding[ep] -= 1
@@ -859,7 +861,8 @@ class Engine:
                 return -1
             t = max(t, self.ring_t[k0][e])
         t = max(t + self.ini_msg_startup[2 * ep + min(kind, 1)], self.ep_issue_free[ep], self.now)
-        la = self.lookahead if kind == MSG_WRITE else 0
+        la = (self.aiv_lookahead + self.ini_msg_startup[2 * ep + min(kind, 1)]
+              if kind == MSG_WRITE and self.lookahead > 0 else 0)
         if t > self.now + la:
             self.wake_at(ep, t - la)
             return -1
