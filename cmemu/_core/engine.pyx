@@ -2106,7 +2106,8 @@ cdef class Engine:
         self.ack_push(s, t)
         if self.ini_tracked[s]:
             self.aiv_done(s, self.pkts[p].iseq, t)
-        if self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
+        if (self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]
+                and not (self.ini_tracked[s] and self.lookahead > 0)):
             self.wake_at(s, t)  # its initiator waits for a window slot
         r = self.tab_send[row]
         if r >= 0:
@@ -2299,7 +2300,9 @@ cdef class Engine:
         la = self.aiv_lookahead + self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)] if (
             kind == MSG_WRITE and self.lookahead > 0) else 0
         if t > self.now + la:
-            self.wake_at(ep, t - la)
+            # Woken when its instruction is due, it reserves then everything due within the
+            # look-ahead (an AIV's chain of waiting writes in a few events, not one a write).
+            self.wake_at(ep, t - la + self.aiv_lookahead if la > 0 else t)
             return -1
         return t
 
@@ -2360,15 +2363,16 @@ cdef class Engine:
                 t = self.aiv_ready(ep, row, q.shift, kind)
                 if t < 0:
                     break  # it waits for an earlier message, or for its time (a wake-up is due)
-            if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
+            if self.ep_outstanding[ep] >= self.ep_max_out[ep] and not (self.ini_tracked[ep] and self.lookahead > 0):
                 # The window is full. On the message-level fabric a write's packet may take the
                 # slot of an ack due within the look-ahead, and leave no earlier than that ack.
                 # Only while every slot in flight is a write's, whose ack time is known (a read
-                # frees its slot when its response is back, which is not yet known).
+                # frees its slot when its response is back, which is not yet known). (An AIV's
+                # messages there are bounded by its kernel's waits and its ring of messages, not
+                # by the packets it reserved ahead.)
                 if (self.lookahead == 0 or kind != MSG_WRITE or self.ack_len[ep] == 0
                         or self.ack_len[ep] != self.ep_outstanding[ep]
-                        or self.ack_first(ep) > self.now + (self.lookahead if not self.ini_tracked[ep] else
-                                                            self.aiv_lookahead + self.ini_msg_startup[2 * ep])):
+                        or self.ack_first(ep) > self.now + self.lookahead):
                     break
                 if self.ack_first(ep) > self.ep_issue_free[ep]:
                     self.ep_issue_free[ep] = self.ack_first(ep)
@@ -2445,7 +2449,8 @@ cdef class Engine:
                 continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-        if q.n > 0 and self.ack_len[ep] > 0 and self.ep_outstanding[ep] >= self.ep_max_out[ep]:
+        if (q.n > 0 and self.ack_len[ep] > 0 and self.ep_outstanding[ep] >= self.ep_max_out[ep]
+                and not (self.ini_tracked[ep] and self.lookahead > 0)):
             self.wake_at(ep, self.ack_first(ep))  # the window is full: wake when a slot frees
         return 0
 

@@ -719,7 +719,8 @@ class Engine:
         heapq.heappush(self.ack_heap[s], t)
         if self.ini_tracked[s]:
             self.aiv_done(s, pk.iseq, t)
-        if self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]:
+        if (self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]
+                and not (self.ini_tracked[s] and self.lookahead > 0)):
             self.wake_at(s, t)
         self.ack_back(m, t)
         self.packet_release(p)
@@ -786,10 +787,9 @@ class Engine:
                 t = self.aiv_ready(ep, m)
                 if t < 0:
                     break
-            if self.ep_outstanding[ep] >= self.ep_max_out[ep]:
+            if self.ep_outstanding[ep] >= self.ep_max_out[ep] and not (tracked and self.lookahead > 0):
                 if (self.lookahead == 0 or kind != MSG_WRITE or not h or len(h) != self.ep_outstanding[ep]
-                        or h[0] > self.now + (self.lookahead if not self.ini_tracked[ep]
-                                              else self.aiv_lookahead + self.ini_msg_startup[2 * ep])):
+                        or h[0] > self.now + self.lookahead):
                     break
                 self.ep_issue_free[ep] = max(self.ep_issue_free[ep], heapq.heappop(h))
                 self.ep_outstanding[ep] -= 1
@@ -840,7 +840,8 @@ class Engine:
                 continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-        if self.ep_qhead[ep] >= 0 and self.ack_heap[ep] and self.ep_outstanding[ep] >= self.ep_max_out[ep]:
+        if (self.ep_qhead[ep] >= 0 and self.ack_heap[ep] and self.ep_outstanding[ep] >= self.ep_max_out[ep]
+                and not (self.ini_tracked[ep] and self.lookahead > 0)):
             self.wake_at(ep, self.ack_heap[ep][0])
 
     def aiv_ready(self, ep, m):
@@ -864,7 +865,7 @@ class Engine:
         la = (self.aiv_lookahead + self.ini_msg_startup[2 * ep + min(kind, 1)]
               if kind == MSG_WRITE and self.lookahead > 0 else 0)
         if t > self.now + la:
-            self.wake_at(ep, t - la)
+            self.wake_at(ep, t - la + self.aiv_lookahead if la > 0 else t)
             return -1
         return t
 

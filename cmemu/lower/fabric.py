@@ -127,8 +127,9 @@ class Fabric:
     fail_die: np.ndarray  # int32 [F]: the die failure k takes, or -1
     retransmit_timeout_ps: int
     # The fabric model (see FABRIC_MODELS): the message-level fabric's look-ahead in ps; 0: every
-    # packet is simulated on every link.
+    # packet is simulated on every link. aiv_lookahead_ps: the same for an AIV's writes.
     message_lookahead_ps: int = 0
+    aiv_lookahead_ps: int = 0
 
     def wire_bytes(self, path: int, ptype: int, payload: int) -> int:
         """Bytes a packet occupies on a link: payload + header, in whole flits."""
@@ -145,6 +146,13 @@ class Fabric:
 # assumed: a few hundred packet times of a die's seven ports, short beside the tens of us a MoE
 # dispatch takes. See docs/model.md, "Message-level fabric".
 FABRIC_MODELS = {"packet": 0, "message": 1_000_000}
+# The message-level fabric's look-ahead for an AIV's writes, from its instructions' issue: an AIV
+# waits for each remote write before the next (its kernel's flow), so a 1 us look-ahead would take
+# an event for every write of its chain; 5 us takes one for every few, at the cost measured on
+# the EP320 dispatch + combine against the packet model (96 tokens per die, 16 AIVs): dispatch
+# +1.6%, combine -0.1% (1 us: +0.7%, -1.1%), a third fewer events. Assumed: chosen on that
+# comparison (docs/model.md, "Message-level fabric").
+AIV_LOOKAHEAD_PS = {"packet": 0, "message": 5_000_000}
 
 
 def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packet") -> Fabric:
@@ -279,6 +287,7 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
         **_schedule(schedule),
         retransmit_timeout_ps=ns_to_ps(ub.retransmit_timeout_ns),
         message_lookahead_ps=FABRIC_MODELS[model],
+        aiv_lookahead_ps=AIV_LOOKAHEAD_PS[model],
     )
 
 
