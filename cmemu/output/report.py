@@ -29,24 +29,36 @@ GANTT_DIES_DEFAULT = 4
 
 
 def parse_dies(text: str | None, dies: int) -> list[int]:
-    """'0,1,16' or '0-3' or '0-3,16' -> die indices, each checked against the system."""
+    """'0,1,16' or '0-3' or '0-3,16' -> die indices, each checked against the system (a range
+    before it is expanded: '0-1000000000' is refused, not built)."""
     if text is None:
         return list(range(min(GANTT_DIES_DEFAULT, dies)))
     out = []
+    bad = False
     for part in str(text).split(","):
         part = part.strip()
         try:
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
+                if not 0 <= lo <= hi < dies:
+                    bad = True
+                    break
                 out.extend(range(lo, hi + 1))
             else:
                 out.append(int(part))
         except ValueError:
-            raise CmemuError(f"--dies {text!r}: write die numbers such as 0,1,16 or ranges such as 0-3") from None
-    bad = [d for d in out if not 0 <= d < dies]
+            raise CmemuError(f"--dies {_shown(text)}: write die numbers such as 0,1,16 or ranges such as 0-3") from None
+    bad = bad or any(not 0 <= d < dies for d in out)
     if bad or not out:
-        raise CmemuError(f"--dies {text!r}: dies are numbered 0 to {dies - 1}")
+        raise CmemuError(f"--dies {_shown(text)}: dies are numbered 0 to {dies - 1} (a range LO-HI needs "
+                         "LO <= HI)")
     return list(dict.fromkeys(out))
+
+
+def _shown(text, limit: int = 60) -> str:
+    """An option's value for a one-line message, cut short if long."""
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
 
 
 def _fmt_us(ps) -> str:
