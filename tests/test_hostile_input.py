@@ -142,3 +142,43 @@ def test_binary_sweep_file_is_one_line(tmp_path, data):
     path.write_bytes(data)
     lines = one_line_error(invoke("sweep", path, "--dry-run"))
     assert str(path) in lines[0] and "UTF-8" in lines[0], lines
+
+
+# ------------------------------------------------------------------- work bounded before it is built
+
+
+BIG_OPS = [
+    {"cmemu.op": "gemm", "cmemu.m": 2**40, "cmemu.n": 2**40, "cmemu.k": 2**40},
+    {"cmemu.op": "gemm", "cmemu.m": 16, "cmemu.n": 16, "cmemu.k": 2**53},
+    {"cmemu.op": "grouped_gemm", "cmemu.m": 2**20, "cmemu.n": 2**20, "cmemu.k": 2**20, "cmemu.groups": 2**20},
+    {"cmemu.op": "mla_prefill_attention", "cmemu.tokens": 2**50, "cmemu.kv_len": 2**53},
+    {"cmemu.op": "mla_prefill", "cmemu.tokens": 2**53},
+    {"cmemu.op": "mla_decode", "cmemu.tokens": 2**40, "cmemu.kv_len": 2**40},
+    {"cmemu.op": "rmsnorm", "cmemu.rows": 2**53, "cmemu.cols": 2**53},
+]
+
+
+@pytest.mark.parametrize("attrs", BIG_OPS, ids=lambda a: a["cmemu.op"])
+def test_huge_op_is_refused_before_its_schedule_is_built(attrs):
+    from cmemu.die.ops import node_cost
+    from cmemu.spec import load_system
+
+    die = load_system("mini").die
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="pipe instructions"):
+        node_cost(die, {"cmemu.dtype": "bf16", **attrs})
+    assert time.perf_counter() - t0 < 5
+
+
+def test_gemm_instruction_count_is_the_schedule_s():
+    # The count is worked out without a loop over the k-chunks; it is the one the program fills.
+    from cmemu.die.gemm import gemm_instructions, plan
+    from cmemu.die.model import DieModel
+    from cmemu.spec import load_system
+
+    model = DieModel.of(load_system("mini").die)
+    for m, n, k, groups, dtype in [(1, 1, 1, 1, "bf16"), (128, 152, 7168, 1, "int8"), (300, 2000, 12345, 3, "bf16"),
+                                   (4096, 7168, 2048, 1, "bf16"), (8, 256, 7168, 1, "int8")]:
+        t = plan(model, m, n, k, groups, dtype)
+        steps = sum(-(-min(t.kl1, t.k - q * t.kl1) // t.bk) for q in range(t.chunks))
+        assert gemm_instructions(t) == t.tiles * (4 * t.chunks + 2 * steps + 1)
