@@ -6,9 +6,11 @@ transfer, placed on a rank (a die of the system) and a stream. docs/trace-format
 reference; ``schema/trace-v1.schema.json`` is the shipped contract for what one file may hold.
 
 This module checks everything a single file can get wrong (fields, types, ranges, references,
-message matching, dependency cycles) with plain Python, one pass per node, so that 10^5 nodes
-check in a fraction of a second; jsonschema is never used at run time. What it leaves to the
-lowering: whether a preset has as many cores as ``cmemu.cores`` asks for, and what an op costs.
+message matching, dependency cycles, the header's fault schedule, names that can be stored) with
+plain Python, one pass per node, so that 10^5 nodes check in a fraction of a second; jsonschema is
+never used at run time. What it leaves to the system (``node_check``, cmemu.lower.checks, called
+once per distinct attributes when given): whether a preset has as many cores as ``cmemu.cores``
+asks for, and what an op costs.
 ``COMM_COLL`` nodes are collectives over a group of ranks named in the header's ``groups``: each
 member has its own node, and the k-th collective of a group on one member goes with the k-th on
 every other member.
