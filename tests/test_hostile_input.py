@@ -642,3 +642,11 @@ def test_plots_merge_bins_beyond_what_a_plot_shows(tmp_path):
     result = invoke("report", path, "--plots", tmp_path / "p")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "p" / "links.png").is_file() and (tmp_path / "p" / "hbm.png").is_file()
+
+
+@pytest.mark.parametrize("option", ["--sizes", "--a2a-bytes"])
+@pytest.mark.parametrize("value", ["99999999999999999999", "9999999999G", "٣"])
+def test_scenario_sizes_beyond_a_trace_s_are_one_line(option, value):
+    args = ["scenario", "run", "ub-p2p", "-s", "mini", "--a2a-dies", "2", "--sizes", "64", option, value]
+    (line,) = one_line_error(invoke(*args))
+    assert "size" in line, line
