@@ -247,26 +247,39 @@ def trace():
 @click.argument("path", metavar="TRACE", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--system", "-s", default=None, metavar="NAME",
               help="Check ranks against this preset [default: the trace's system, else cloudmatrix384].")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
+              help="Override a spec field, as for `cmemu run` (repeatable).")
+@click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
+              help="The memory limit `cmemu run --max-memory` would have [default: 3/4 of physical memory].")
+@click.option("--link-bin-ns", type=float, default=10_000, show_default=True,
+              help="As for `cmemu run` (the binned series' memory depends on it).")
+@click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
+              help="As for `cmemu run`.")
+@click.option("--fail", multiple=True, metavar="PART", help="As for `cmemu run` (repeatable).")
+@click.option("--fabric", "fabric_model", type=click.Choice(["packet", "message"]), default="packet",
+              show_default=True, help="As for `cmemu run`.")
 @reports_errors
-def trace_validate(path, system):
-    """Check TRACE: every problem, one line each.
+def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fail, fabric_model):
+    """Check TRACE as `cmemu run` would before it simulates: every problem, one line each.
 
     Each line names the file, the node and the field; exit status 2 if there is any problem,
-    otherwise one line "ok: N nodes, M messages".
+    otherwise one line "ok: N nodes, M messages". Beyond the trace's own problems: cores and
+    op sizes against the system's die, the fault schedule against its parts, the memory the run
+    needs and the clock's range (one line, "cmemu: error: ...", once the nodes are valid).
     """
-    from cmemu.run import resolve_system
-    from cmemu.trace import check_trace, read_trace
+    from cmemu.errors import TraceError
+    from cmemu.run import prepare_run
 
-    doc, _sha256 = read_trace(path)
-    header_system = doc.get("system") if isinstance(doc, dict) else None
-    spec = resolve_system(header_system if isinstance(header_system, str) else None, system)
-    errors = check_trace(doc, path, spec.dies)
-    if errors:
-        sys.stderr.write("".join(f"{_one_line(e)}\n" for e in errors))
+    try:
+        prep = prepare_run(path, system=system, overrides=overrides, max_memory_bytes=max_memory, detail=detail,
+                           link_bin_ns=link_bin_ns, fail=fail, fabric_model=fabric_model)
+    except TraceError as exc:
+        problems = getattr(exc, "problems", None) or [exc]
+        sys.stderr.write("".join(f"{_one_line(e)}\n" for e in problems))
         sys.exit(EXIT_INPUT_ERROR)
-    nodes = doc["nodes"]
-    messages = sum(1 for node in nodes if node.get("type") == "COMM_SEND")
-    click.echo(f"ok: {len(nodes)} nodes, {messages} messages ({spec.name}, {spec.dies} dies)")
+    nodes = prep.trace.nodes
+    messages = sum(1 for node in nodes if node.type == "COMM_SEND")
+    click.echo(f"ok: {len(nodes)} nodes, {messages} messages ({prep.spec.name}, {prep.spec.dies} dies)")
 
 
 @trace.group("gen")

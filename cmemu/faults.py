@@ -38,16 +38,17 @@ class Failures:
 NONE = Failures(frozenset(), frozenset(), ())
 
 
-def _ints(spec: str, text: str, count: int) -> list[int]:
+def _ints(spec: str, text: str, count: int, where: str) -> list[int]:
     parts = text.split(".")
-    if len(parts) != count or not all(p.isdigit() for p in parts):
+    if len(parts) != count or not all(p.isascii() and p.isdigit() for p in parts):
         shape = ".".join(["N"] * count)
-        raise FaultError(f"--fail {spec}: expected {spec.split(':')[0]}:{shape} with whole numbers")
+        raise FaultError(f"{where}: expected {spec.split(':')[0]}:{shape} with whole numbers")
     return [int(p) for p in parts]
 
 
-def parse_failures(specs, topo: Topology) -> Failures:
-    """Turn ``--fail`` strings into the set of dead links (both directions of what they name)."""
+def parse_failures(specs, topo: Topology, label: str | None = None) -> Failures:
+    """Turn ``--fail`` strings into the set of dead links (both directions of what they name).
+    An error names the part as ``--fail PART``, or as ``label`` when given (a trace's cmemu.faults)."""
     if not specs:
         return NONE
     s = topo.spec
@@ -57,30 +58,31 @@ def parse_failures(specs, topo: Topology) -> Failures:
     l2_base = l1_base + s.nodes * P
     dead_vertices, dead_links, dead_dies = set(), set(), set()
     for spec in specs:
+        where = label or f"--fail {spec}"
         kind, _, arg = str(spec).partition(":")
         if kind == "link":
-            (lid,) = _ints(spec, arg, 1)
+            (lid,) = _ints(spec, arg, 1, where)
             if lid >= topo.num_links:
-                raise FaultError(f"--fail {spec}: there are {topo.num_links} links (0..{topo.num_links - 1})")
+                raise FaultError(f"{where}: there are {topo.num_links} links (0..{topo.num_links - 1})")
             dead_links.add(lid)
         elif kind == "l1":
-            node, plane = _ints(spec, arg, 2)
+            node, plane = _ints(spec, arg, 2, where)
             if node >= s.nodes or plane >= P:
-                raise FaultError(f"--fail {spec}: L1 chips are NODE 0..{s.nodes - 1} . PLANE 0..{P - 1}")
+                raise FaultError(f"{where}: L1 chips are NODE 0..{s.nodes - 1} . PLANE 0..{P - 1}")
             dead_vertices.add(l1_base + node * P + plane)
         elif kind == "l2":
-            plane, chip = _ints(spec, arg, 2)
+            plane, chip = _ints(spec, arg, 2, where)
             if plane >= P or chip >= C:
-                raise FaultError(f"--fail {spec}: L2 chips are PLANE 0..{P - 1} . CHIP 0..{C - 1}")
+                raise FaultError(f"{where}: L2 chips are PLANE 0..{P - 1} . CHIP 0..{C - 1}")
             dead_vertices.add(l2_base + plane * C + chip)
         elif kind == "die":
-            (die,) = _ints(spec, arg, 1)
+            (die,) = _ints(spec, arg, 1, where)
             if die >= s.dies:
-                raise FaultError(f"--fail {spec}: dies are 0..{s.dies - 1}")
+                raise FaultError(f"{where}: dies are 0..{s.dies - 1}")
             dead_vertices.add(die)
             dead_dies.add(die)
         else:
-            raise FaultError(f"--fail {spec}: expected link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID")
+            raise FaultError(f"{where}: expected link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID")
     if dead_vertices:
         touch = np.isin(topo.link_src, list(dead_vertices)) | np.isin(topo.link_dst, list(dead_vertices))
         dead_links.update(np.flatnonzero(touch).tolist())

@@ -6,6 +6,7 @@ of events so that long runs can report progress without any Python call per even
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -74,6 +75,18 @@ PACKET_ROW_BYTES = 37  # start_ps, end_ps 8 B; link, msg, op, seq, wire_bytes 4 
 PACKET_RECORD_BYTES = 40 + 33 + PACKET_ROW_BYTES
 PACKET_RECORDS_WARN = 1_000_000  # above: a warning on stderr with the estimate
 PACKET_RECORDS_MAX = 50_000_000  # above: refused before the run (--detail tasks instead)
+# The time-binned series (/links/binned, /dies/hbm_binned, /dies/hbm_stack_binned) grow with the
+# simulated time over the bin width: bytes per row, from the engine's rows (16 B a link row) and
+# the result's columns to the writer's row order and checks. Before the run, the rows the traffic
+# must fill at the least are counted (series_lower_bound); during it, the link rows the engine
+# holds (between slices, with the event queue); after it, the HBM rows exactly (hbm_series_rows)
+# before they are made.
+LINK_SERIES_ROW_BYTES = 48
+HBM_SERIES_ROW_BYTES = 64  # a (die, bin) row
+HBM_STACK_ROW_BYTES = 64  # a (die, stack, bin) row
+# A bin is at least the clock's tick (1 ps) and at most the clock's range.
+MIN_BIN_NS = 1e-3
+MAX_BIN_NS = CLOCK_LIMIT_PS / 1000
 
 
 class MemoryLimitError(CmemuError):
@@ -118,7 +131,7 @@ def default_memory_limit() -> int:
 
 
 def format_bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:,.1f} {unit}"
     return f"{int(n)} B"
@@ -137,14 +150,23 @@ class MemoryEstimate:
     live_packets: int
     packet_records: int = 0  # --detail packets: transmissions of a packet on a link (estimated)
     records_bytes: int = 0  # what those records take in memory
+    routing_bytes: int = 0  # the MoE collectives' token routing (cmemu.lower.checks.moe_routing_bytes)
+    series_rows: int = 0  # rows of the binned series the traffic fills at the least (series_lower_bound)
+    series_bytes: int = 0  # what they take
 
     @property
     def total_bytes(self) -> int:
-        return BASELINE_BYTES + self.trace_bytes + self.arrays_bytes + self.event_queue_bytes + self.records_bytes
+        return (BASELINE_BYTES + self.trace_bytes + self.arrays_bytes + self.event_queue_bytes + self.records_bytes
+                + self.routing_bytes + self.series_bytes)
 
     def describe(self) -> str:
         records = (f", packet records {format_bytes(self.records_bytes)} for about "
                    f"{self.packet_records:,} records" if self.packet_records else "")
+        if self.routing_bytes:
+            records += f", MoE routing {format_bytes(self.routing_bytes)}"
+        if self.series_rows:
+            records += (f", binned series {format_bytes(self.series_bytes)} for at least {self.series_rows:,} rows "
+                        "(--link-bin-ns sets their bins)")
         return (f"{self.ops:,} ops, {self.messages:,} messages ({self.packets:,} packets, at most "
                 f"{self.live_packets:,} in flight) need about {format_bytes(self.total_bytes)} "
                 f"(trace {format_bytes(self.trace_bytes)}, arrays and timeline "
@@ -187,6 +209,7 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     packet stand for them. With ``detail="packets"`` the engine also keeps a record of every
     packet on every link it crosses (PACKET_RECORD_LINKS per packet, PACKET_RECORD_BYTES each).
     """
+    from cmemu.lower.checks import moe_routing_bytes
     from cmemu.lower.collectives import ub_chunk_byte
 
     spec = topo.spec
@@ -195,6 +218,7 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     mtu = {"ub": spec.ub.transport_mtu_byte, "rdma": spec.rdma.mtu_byte, "vpc": spec.vpc.mtu_byte}
     groups = trace.header.get("groups", {})
     chunk = ub_chunk_byte(spec.die)
+    routings = {}  # each distinct MoE routing: (its pairs' bytes, its scratch while drawn)
     for node in trace.nodes:
         edges += len(node.data_deps) + len(node.ctrl_deps) + 1
         if node.type == "COMM_SEND":
@@ -212,6 +236,12 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
             a = node.attrs
             g = len(groups.get(a["cmemu.group"], ())) or 2
             if "cmemu.tokens" in a:
+                experts = a.get("cmemu.experts", g)
+                key = (a["cmemu.tokens"], a["cmemu.top_k"], experts, g, a.get("cmemu.skew"), a.get("cmemu.seed"))
+                if key not in routings:
+                    total = moe_routing_bytes(a["cmemu.tokens"], a["cmemu.top_k"], experts, g)
+                    pairs = g * a["cmemu.tokens"] * min(a["cmemu.top_k"], experts) * 8
+                    routings[key] = (pairs, total - pairs)
                 writes = a["cmemu.tokens"] * a["cmemu.top_k"]
                 size = a.get("cmemu.payload_bytes", 2 * a["cmemu.hidden"])
                 if a.get("cmemu.engine", "aiv") == "aiv":
@@ -247,9 +277,76 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
         queue *= REFERENCE_FACTOR
     records = packets * PACKET_RECORD_LINKS if detail == "packets" else 0
     records_bytes = records * PACKET_RECORD_BYTES * (1 if native else REFERENCE_FACTOR)
+    # The lowering keeps the last 16 routings (moe_routing's cache) and draws one at a time.
+    kept = sorted((pairs for pairs, _ in routings.values()), reverse=True)[:16]
+    routing = sum(kept) + max((scratch for _, scratch in routings.values()), default=0)
     return MemoryEstimate(len(trace.nodes) * NODE_BYTES, arrays, queue, ops + inner_ops, messages + inner_messages,
                           packets, live,
-                          records, records_bytes)
+                          records, records_bytes, routing_bytes=routing)
+
+
+def check_link_bin_ns(link_bin_ns) -> int:
+    """--link-bin-ns (0: off) as the bin width in ps, or a CmemuError: a bin is at least the
+    clock's tick (1 ps) and within its range."""
+    try:
+        value = float(link_bin_ns)
+    except (TypeError, ValueError):
+        value = math.nan
+    if value == 0:
+        return 0
+    if not MIN_BIN_NS <= value <= MAX_BIN_NS:  # NaN fails
+        raise CmemuError(f"--link-bin-ns must be 0 (no binned counters) or from {MIN_BIN_NS:g} ns (1 ps, the "
+                         f"clock's tick) to {MAX_BIN_NS:.3g} ns (the clock's range), got {link_bin_ns!r}")
+    return ns_to_ps(value)
+
+
+def series_lower_bound(lowered: Lowered, fabric, bin_ps: int, die_spec) -> tuple[int, int, int]:
+    """Rows the binned series must hold at the least, before a run: (link rows, HBM rows per
+    die, HBM rows per stack).
+
+    A link is busy at most a whole bin per bin, so the messages' bytes at the fastest link's rate
+    fill at least that many (link, bin) rows. On a die, its ops' HBM bytes at twice its HBM
+    capacity (its fastest stream), and each of its ops alone (an op runs at least its own
+    duration, and its bytes spread over every bin of it), fill at least that many (die, bin)
+    rows; an op with at least a period of the interleave plus a byte per bin for every stack
+    fills a row per stack in each of its bins."""
+    if bin_ps <= 0:
+        return 0, 0, 0
+    link = 0.0
+    if lowered.num_messages:
+        link = float(lowered.bytes_sum(np.float64)) * 1e12 / (float(fabric.link_rate_byte_per_s.max()) * bin_ps)
+    cap = lowered.die_hbm_byte_per_s
+    has = np.flatnonzero(lowered.op_hbm_bytes > 0)
+    if not cap.size or not has.size:
+        return int(min(link, 2**62)), 0, 0
+    dies = cap.size
+    die = lowered.op_rank[has].astype(np.int64)
+    nbytes = lowered.op_hbm_bytes[has].astype(np.float64)
+    per_die = np.bincount(die, weights=nbytes, minlength=dies)[:dies] * 1e12 / (2.0 * np.maximum(cap, 1) * bin_ps)
+    bins = np.maximum(1, -(-lowered.op_dur_ps[has] // bin_ps)).astype(np.float64)
+    longest = np.zeros(dies)
+    np.maximum.at(longest, die, bins)
+    die_rows = np.maximum(per_die, longest)
+    from cmemu.die.hbm import HBMParams
+
+    hp = HBMParams.from_die(die_spec)
+    stacks, period = hp.stacks, float(hp.pseudo_channels * hp.granule_byte)  # a period visits every stack
+    spread = np.where(nbytes >= stacks * (period + bins), stacks, 1) * bins
+    widest = np.zeros(dies)
+    np.maximum.at(widest, die, spread)
+    stack_rows = np.maximum(die_rows, widest)
+    return int(min(link, 2**62)), int(min(die_rows.sum(), 2**62)), int(min(stack_rows.sum(), 2**62))
+
+
+def series_bytes(link_rows: int, hbm_rows: int, stack_rows: int | None = None) -> int:
+    """Memory of binned series of these rows (per-stack rows: as many as the per-die ones if not given)."""
+    stack_rows = hbm_rows if stack_rows is None else stack_rows
+    return link_rows * LINK_SERIES_ROW_BYTES + hbm_rows * HBM_SERIES_ROW_BYTES + stack_rows * HBM_STACK_ROW_BYTES
+
+
+def _series_advice(bin_ps: int) -> str:
+    return (f"widen the bins (--link-bin-ns, now {bin_ps / 1000:g} ns) or turn them off (--link-bin-ns 0), "
+            "or raise --max-memory")
 
 
 def check_packet_records(need: MemoryEstimate, limit_bytes: int, where: str = "", stream=None) -> None:
@@ -275,8 +372,9 @@ def check_packet_records(need: MemoryEstimate, limit_bytes: int, where: str = ""
         out.flush()
 
 
-def check_clock_range(lowered: Lowered, fabric) -> None:
-    """Refuse a run whose simulated time could overflow the engine's clock.
+def check_clock_range(lowered: Lowered, fabric, where: str = "", nodes=None) -> None:
+    """Refuse a run whose simulated time could overflow the engine's clock; the message names
+    the file (``where``) and the trace node that takes the longest, and its field.
 
     The end of a run is a chain of activities (op durations, HBM accesses, packet hops), each
     counted once, so the sum of them all bounds it. Float arithmetic: only the order matters.
@@ -299,9 +397,29 @@ def check_clock_range(lowered: Lowered, fabric) -> None:
         total += packets * per_packet + L.num_messages * (startup + prep)
     if total > CLOCK_LIMIT_PS:
         raise SimulationError(
-            f"the trace's ops and transfers add up to {total / 86400e12:,.0f} days of simulated "
-            "time in the worst case, beyond what the engine's clock holds (2**62 ps, about 53 days)"
-        )
+            f"{where + ': ' if where else ''}the trace's ops and transfers add up to {total / 86400e12:,.0f} days of "
+            f"simulated time in the worst case, beyond what the engine's clock holds (2**62 ps, about 53 days)"
+            f"{_longest_op(L, nodes)}")
+
+
+def _longest_op(L: Lowered, nodes=None) -> str:
+    """'; the largest: node N (TYPE, field 'F', ...)', of the trace's ops by time alone or bytes
+    (``nodes``: the trace's, to name a COMP's field)."""
+    nt = L.num_trace_ops
+    if not nt:
+        return ""
+    # Time of each trace op alone: its duration, or its bytes at 1 B/ps (a message's fastest).
+    own = L.op_dur_ps[:nt].astype(np.float64) + L.op_lat_ps[:nt]
+    moved = L.op_bytes[:nt].astype(np.float64)
+    i = int(np.argmax(np.maximum(own, moved)))
+    kind = OP_TYPES[L.op_type[i]]
+    field = {"COMP": "cmemu.duration_ns", "MEM_LOAD": "tensor_size", "MEM_STORE": "tensor_size"}.get(kind, "comm_size")
+    if kind == "COMP" and nodes is not None and "cmemu.duration_ns" not in nodes[i].attrs:
+        field = "cmemu.op" if "cmemu.op" in nodes[i].attrs else "num_ops"
+    if kind == "COMP" and own[i] < moved[i]:
+        field = "tensor_size"
+    what = f"{own[i] / 86400e12:,.1f} days alone" if own[i] >= moved[i] else f"{int(moved[i]):,} B"
+    return f"; the largest: node {L.op_node_id[i]} ({kind}, field '{field}', {what})"
 
 
 @dataclass
@@ -390,11 +508,14 @@ def resolve_system(trace_system: str | None, system: str | None, overrides=()) -
 
 def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress | None = None,
              queue_limit_bytes: int | None = None, bin_ps: int = 0, record_packets: bool = False,
-             record_deliveries: int = -1, drop_engine_inputs: bool = False):
+             record_deliveries: int = -1, drop_engine_inputs: bool = False, failed_parts: str = "--fail"):
     """Run the engine to the end; raise SimulationError if ops stay blocked or time ran back.
 
     The engine runs in slices of EVENTS_PER_SLICE events. Between slices: progress, and the
-    event queue's high-water mark against ``queue_limit_bytes`` (MemoryLimitError above it).
+    event queue's high-water mark and the binned link counters' rows (with ``bin_ps``) against
+    ``queue_limit_bytes``, what the memory limit leaves them (MemoryLimitError above it).
+    ``failed_parts`` says where the failed parts come from, for the error of a message left
+    without a path.
     A KeyboardInterrupt lands between slices (the native loop holds no Python frame); the
     progress line is closed and the interrupt goes on to the caller.
     ``record_packets`` keeps every packet's transmission on every link (``engine.packet_records()``);
@@ -405,18 +526,32 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     engine = make_engine(lowered, fabric, native=native, bin_ps=bin_ps, record_packets=record_packets,
                          record_deliveries=record_deliveries, drop_inputs=drop_engine_inputs)
     per_event = EVENT_BYTES * (1 if native else REFERENCE_FACTOR)
+    max_rows = queue_limit_bytes // LINK_SERIES_ROW_BYTES if queue_limit_bytes is not None and bin_ps > 0 else -1
     try:
-        while not _run_slice(engine, lowered, fabric):
+        while not _run_slice(engine, lowered, fabric, failed_parts, max_rows):
             if progress is not None:
                 progress.update(engine)
+            if queue_limit_bytes is None:
+                continue
             # Storage grows by doubling, so it can hold twice the high-water mark.
-            if queue_limit_bytes is not None and 2 * engine.max_pending * per_event > queue_limit_bytes:
+            queue = 2 * engine.max_pending * per_event
+            rows = engine.series_rows if bin_ps > 0 else 0
+            if queue + rows * LINK_SERIES_ROW_BYTES <= queue_limit_bytes:
+                # The engine stops a slice early should the link counters pass what is left.
+                max_rows = (queue_limit_bytes - queue) // LINK_SERIES_ROW_BYTES if bin_ps > 0 else -1
+                continue
+            if rows * LINK_SERIES_ROW_BYTES > queue:
                 raise MemoryLimitError(
-                    f"the event queue grew to {engine.max_pending:,} pending events "
-                    f"(about {format_bytes(2 * engine.max_pending * per_event)}), more than the "
-                    f"{format_bytes(queue_limit_bytes)} the memory limit leaves it; "
-                    "raise --max-memory or split the trace"
-                )
+                    f"the binned link counters grew to {rows:,} rows (about "
+                    f"{format_bytes(rows * LINK_SERIES_ROW_BYTES)}) by {engine.now / 1e6:,.3f} us of simulated "
+                    f"time, more than the {format_bytes(queue_limit_bytes)} the memory limit leaves them; "
+                    + _series_advice(bin_ps))
+            raise MemoryLimitError(
+                f"the event queue grew to {engine.max_pending:,} pending events "
+                f"(about {format_bytes(queue)}), more than the "
+                f"{format_bytes(queue_limit_bytes)} the memory limit leaves it; "
+                "raise --max-memory or split the trace"
+            )
     finally:
         if progress is not None:
             progress.close()
@@ -434,21 +569,30 @@ def simulate(lowered: Lowered, fabric, native: bool = True, progress: Progress |
     return engine
 
 
-def _run_slice(engine, lowered, fabric) -> bool:
+def _run_slice(engine, lowered, fabric, failed_parts: str = "--fail", max_series_rows: int = -1) -> bool:
     try:
-        return engine.run(EVENTS_PER_SLICE)
+        return engine.run(EVENTS_PER_SLICE, max_series_rows)
     except DieFailedError as exc:
         op = exc.args[0]
         die = int(lowered.op_rank[op])
         when = int(fabric.fail_time_ps[fabric.fail_die == die].min())
         raise SimulationError(f"{_op_label(lowered, op)} needs die {die}, which failed at "
-                              f"{when / 1e6:,.3f} us (cmemu.faults)") from None
+                              f"{when / 1e6:,.3f} us (the trace's cmemu.faults)") from None
     except UnroutableError as exc:
         src, dst, _, _, _, send, recv = engine.message(exc.args[0])  # (the lowering may have dropped it)
         op = send if send >= 0 else recv
+        # An end of the message on a die that failed during the run (a die failed from the start
+        # has its ops refused before the run): say so, rather than a route.
+        for end, role in ((dst, "its destination"), (src, "its source")):
+            down = fabric.fail_time_ps[(fabric.fail_die == end) & (fabric.fail_time_ps <= engine.now)]
+            if down.size:
+                raise SimulationError(
+                    f"a message from die {src} to die {dst} ({_op_label(lowered, op)}) cannot be delivered: "
+                    f"die {end}, {role}, failed at {int(down.min()) / 1e6:,.3f} us (the trace's cmemu.faults)"
+                ) from None
         raise SimulationError(
             f"a message from die {src} to die {dst} "
-            f"({_op_label(lowered, op)}) has no path left: every route crosses a failed part (--fail)"
+            f"({_op_label(lowered, op)}) has no path left: every route crosses a failed part ({failed_parts})"
         ) from None
 
 
@@ -460,16 +604,18 @@ def _op_label(lowered: Lowered, i: int) -> str:
             f"({OP_TYPES[lowered.op_type[i]]}, rank {lowered.op_rank[i]}, stream {lowered.op_stream[i]})")
 
 
-def check_failed_dies(lowered: Lowered, failures) -> None:
-    """An op placed on a failed die cannot run: say which, before the run."""
+def check_failed_dies(lowered: Lowered, failures, origin=None) -> None:
+    """An op placed on a failed die cannot run: say which, before the run. ``origin``: die ->
+    what failed it (default: --fail die:N)."""
     if not failures.dies:
         return
     on_dead = np.flatnonzero(np.isin(lowered.op_rank[:lowered.num_trace_ops], sorted(failures.dies)))
     if on_dead.size:
         i = int(on_dead[0])
+        die = int(lowered.op_rank[i])
         more = f" (and {on_dead.size - 1} more ops)" if on_dead.size > 1 else ""
-        raise SimulationError(f"{_op_label(lowered, i)} needs die {lowered.op_rank[i]}, which has failed "
-                              f"(--fail die:{lowered.op_rank[i]}){more}")
+        why = (origin or {}).get(die, f"--fail die:{die}")
+        raise SimulationError(f"{_op_label(lowered, i)} needs die {die}, which has failed ({why}){more}")
 
 
 def describe_blocked(lowered: Lowered, engine, limit: int = 8) -> str:
@@ -565,10 +711,83 @@ def small_pages():
             _set_madvise_hugepage(before)
 
 
-def _run_trace(trace_path, system, overrides, output, native, progress, max_memory_bytes, compression, detail,
-               link_bin_ns, spec, fail, pipe_intervals, fabric_model) -> RunResult:
+@dataclass
+class PreparedRun:
+    """What a run builds and checks before it simulates (``prepare_run``)."""
+
+    spec: SystemSpec
+    topology: Topology
+    trace: object
+    lowered: Lowered
+    fabric: object
+    need: MemoryEstimate
+    limit_bytes: int
+    bin_ps: int
+    failed_parts: str  # where the failed parts come from, for errors during the run
+
+
+def prepare_run(trace_path, system: str | None = None, overrides=(), native: bool = True,
+                max_memory_bytes: int | None = None, detail: str = "tasks", link_bin_ns: float = DEFAULT_LINK_BIN_NS,
+                spec: SystemSpec | None = None, fail=(), pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
+                fabric_model: str = "packet") -> PreparedRun:
+    """Everything ``run_trace`` checks and builds before simulating, for ``cmemu run`` and
+    ``cmemu trace validate`` alike: the options, the memory the file takes to read, the trace
+    (with the system's checks of each node: cores, op sizes, MoE routing), the run's memory
+    estimate, the lowering, the fault schedule against the topology, the clock's range, and the
+    binned series' rows at the least. Raises the first problem as a CmemuError; a trace's own
+    problems as its first TraceError, whose ``problems`` lists them all."""
+    from cmemu.lower.checks import node_checker
     from cmemu.trace import load_trace, read_trace
 
+    if fabric_model not in FABRIC_MODELS:
+        raise CmemuError(f"--fabric must be one of {', '.join(FABRIC_MODELS)}, got {fabric_model!r}")
+    if int(pipe_intervals) < 1:
+        raise CmemuError(f"--pipe-intervals must be at least 1, got {pipe_intervals}")
+    bin_ps = check_link_bin_ns(link_bin_ns)
+    limit = default_memory_limit() if max_memory_bytes is None else int(max_memory_bytes)
+    trace_path = Path(trace_path)
+    _check_file_size(trace_path, limit)
+    read = read_trace(trace_path)
+    header_system = read[0].get("system") if isinstance(read[0], dict) else None
+    groups = read[0].get("groups") if isinstance(read[0], dict) else None
+    if spec is None:
+        spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
+    topo = build_topology(spec)
+    trace = load_trace(trace_path, num_ranks=spec.dies, read=read, node_check=node_checker(spec, groups, limit))
+    del read, groups  # the parsed document: the checked nodes hold all the run needs
+    need = estimate_memory(trace, topo, native=native, pipe_intervals=pipe_intervals, detail=detail)
+    check_packet_records(need, limit, str(trace_path))
+    _check_need(need, limit, trace_path)
+    record = detail == "packets"
+    # The native engine reads only the templates of the collectives' repeated messages and then
+    # drops the columns (drop_engine_inputs): their copies need not be written.
+    lowered = lower(trace, topo, fill_messages=not native or record)
+    failures, schedule, origin, failed_parts = trace_failures(trace, topo, fail)
+    check_failed_dies(lowered, failures, origin)
+    if schedule and FABRIC_MODELS[fabric_model]:
+        raise CmemuError("the message-level fabric (--fabric message) does not model failures during a run; "
+                         "use --fabric packet")
+    fabric = build_fabric(topo, failures, schedule, model=fabric_model)
+    check_clock_range(lowered, fabric, str(trace_path), trace.nodes)
+    link_rows, die_rows, stack_rows = series_lower_bound(lowered, fabric, bin_ps, spec.die)
+    need = dataclasses.replace(need, series_rows=link_rows + die_rows + stack_rows,
+                               series_bytes=series_bytes(link_rows, die_rows, stack_rows))
+    _check_need(need, limit, trace_path, bin_ps)
+    return PreparedRun(spec, topo, trace, lowered, fabric, need, limit, bin_ps, failed_parts)
+
+
+def _check_need(need: MemoryEstimate, limit: int, trace_path, bin_ps: int = 0) -> None:
+    if need.total_bytes <= limit:
+        return
+    advice = "raise --max-memory or split the trace"
+    if need.series_bytes > need.total_bytes - need.series_bytes:
+        advice = _series_advice(bin_ps)
+    raise MemoryLimitError(f"{trace_path}: {need.describe()}, more than the memory limit of {format_bytes(limit)}; "
+                           + advice)
+
+
+def _run_trace(trace_path, system, overrides, output, native, progress, max_memory_bytes, compression, detail,
+               link_bin_ns, spec, fail, pipe_intervals, fabric_model) -> RunResult:
     t0 = time.perf_counter()
     if output is not None:
         from cmemu.output.atomic import check_output
@@ -579,49 +798,21 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         # and neither should a target that cannot be written: a missing or read-only folder, a
         # device file or link, or the trace itself.
         check_output(output, inputs=(trace_path,))
-    if fabric_model not in FABRIC_MODELS:
-        raise CmemuError(f"--fabric must be one of {', '.join(FABRIC_MODELS)}, got {fabric_model!r}")
-    if int(pipe_intervals) < 1:
-        raise CmemuError(f"--pipe-intervals must be at least 1, got {pipe_intervals}")
-    limit = default_memory_limit() if max_memory_bytes is None else int(max_memory_bytes)
-    trace_path = Path(trace_path)
-    _check_file_size(trace_path, limit)
-    read = read_trace(trace_path)
-    header_system = read[0].get("system") if isinstance(read[0], dict) else None
-    if spec is None:
-        spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
-    topo = build_topology(spec)
-    trace = load_trace(trace_path, num_ranks=spec.dies, read=read)
-    del read  # the parsed document: the checked nodes hold all the run needs
-    need = estimate_memory(trace, topo, native=native, pipe_intervals=pipe_intervals, detail=detail)
-    check_packet_records(need, limit, str(trace_path))
-    if need.total_bytes > limit:
-        raise MemoryLimitError(
-            f"{trace_path}: {need.describe()}, more than the memory limit of {format_bytes(limit)}; "
-            "raise --max-memory or split the trace"
-        )
-    record = detail == "packets"
-    # The native engine reads only the templates of the collectives' repeated messages and then
-    # drops the columns (drop_engine_inputs): their copies need not be written.
-    lowered = lower(trace, topo, fill_messages=not native or record)
-    static, timed = _trace_failures(trace)
-    failures = parse_failures(list(fail) + static, topo)
-    check_failed_dies(lowered, failures)
-    schedule = [(at, parse_failures([part], topo)) for at, part in timed]
-    if schedule and FABRIC_MODELS[fabric_model]:
-        raise CmemuError("the message-level fabric (--fabric message) does not model failures during a run; "
-                         "use --fabric packet")
-    fabric = build_fabric(topo, failures, schedule, model=fabric_model)
-    check_clock_range(lowered, fabric)
+    prep = prepare_run(trace_path, system, overrides, native, max_memory_bytes, detail, link_bin_ns, spec, fail,
+                       pipe_intervals, fabric_model)
+    spec, topo, trace, lowered, fabric, need = prep.spec, prep.topology, prep.trace, prep.lowered, prep.fabric, prep.need
+    limit, bin_ps, record, failed_parts = prep.limit_bytes, prep.bin_ps, detail == "packets", prep.failed_parts
+    del prep
     prog = progress if isinstance(progress, Progress) else (Progress(lowered.num_ops) if progress else None)
-    queue_limit = limit - (need.total_bytes - need.event_queue_bytes)
-    bin_ps = ns_to_ps(link_bin_ns) if link_bin_ns else 0
+    # What the limit leaves the event queue and the binned link counters (counted as they grow).
+    static_bytes = need.total_bytes - need.event_queue_bytes - need.series_bytes
+    queue_limit = limit - static_bytes
     # Delivery times are kept for the trace's own messages, what /messages holds.
     # The lowering's columns the engine copies go as it is built (the packet rows of --detail
     # packets name every message: then they stay).
     engine = simulate(lowered, fabric, native=native, progress=prog, queue_limit_bytes=queue_limit, bin_ps=bin_ps,
                       record_packets=record, record_deliveries=lowered.leading_trace_messages(),
-                      drop_engine_inputs=not record)
+                      drop_engine_inputs=not record, failed_parts=failed_parts)
     # Its run state: the rest of the results are built without it (the op times read first).
     hbm_shared_ops, hbm_shared_demand = engine.hbm_shared_ops, engine.hbm_shared_demand
     engine.release(keep_op_times=True)
@@ -654,6 +845,8 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     )
     del engine  # with record_packets, its copy of the records
     check_invariants(full)
+    if bin_ps:
+        check_series_rows(full, limit - static_bytes)
     result, hbm = trace_result_hbm_later(full, pipe_intervals)
     del full, lowered, fabric  # the whole lowering: the result keeps its view of the trace's ops
     if output is None:
@@ -693,23 +886,77 @@ def _check_file_size(path: Path, limit: int) -> None:
         )
 
 
-def _trace_failures(trace) -> tuple[list[str], list[tuple[int, str]]]:
-    """Failures the trace's header schedules (``cmemu.faults``: [{"fail": "l2:0.3", "at_ns": 5000}]):
-    (parts down from the start, [(time in ps, part) failing during the run])."""
-    from cmemu.faults import FaultError
-
-    static, timed = [], []
+def trace_failures(trace, topo: Topology, fail=()):
+    """The failed parts of a run: ``--fail`` (``fail``) and the trace header's ``cmemu.faults``
+    ([{"fail": "l2:0.3", "at_ns": 5000}]: from the start when at_ns is 0, else during the run;
+    the trace checker has checked their form), each part checked against the topology.
+    Returns (Failures from the start, [(time in ps, Failures)] during the run, die -> what
+    failed it from the start, a text naming every failed part and where it comes from)."""
+    static, timed, origin, named = [], [], {}, []
+    for part in fail:
+        parse_failures([part], topo)
+        named.append(f"--fail {part}")
+        if str(part).startswith("die:"):
+            origin.setdefault(int(str(part)[4:]), f"--fail {part}")
     for k, entry in enumerate(trace.header.get("cmemu.faults", [])):
-        if not isinstance(entry, dict) or not isinstance(entry.get("fail"), str):
-            raise FaultError(f"{trace.path}: header cmemu.faults[{k}] must be {{\"fail\": \"l2:PLANE.CHIP\", ...}}")
-        at = entry.get("at_ns", 0)
-        if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at < 2**52:
-            raise FaultError(f"{trace.path}: header cmemu.faults[{k}]: at_ns must be a time in ns >= 0, got {at!r}")
+        part, at = entry["fail"], entry.get("at_ns", 0)
+        one = parse_failures([part], topo, label=f"{trace.path}: header cmemu.faults[{k}] {part!r}")
         if at == 0:
-            static.append(entry["fail"])
+            static.append(part)
+            named.append(f"the trace's cmemu.faults: {part} from the start")
+            for die in one.dies:
+                origin.setdefault(die, f"the trace's cmemu.faults[{k}], from the start")
         else:
-            timed.append((ns_to_ps(at), entry["fail"]))
-    return static, timed
+            timed.append((ns_to_ps(at), one))
+            named.append(f"the trace's cmemu.faults: {part} at {ns_to_ps(at) / 1e6:,.3f} us")
+    failures = parse_failures(list(fail) + static, topo)
+    shown = "; ".join(named[:4]) + (f"; and {len(named) - 4} more" if len(named) > 4 else "")
+    return failures, timed, origin, shown or "--fail"
+
+
+def hbm_series_rows(full: RunResult, bin_ps: int) -> tuple[int, int]:
+    """Rows _hbm_series makes, before it makes them: (per-die rows at most, per-stack rows at
+    most), from the HBM ops' times (a die's rows are at most its range of bins, and at most the
+    bins its ops touch; a (die, bin) row has at most a row per stack). Raises SimulationError
+    when a bin's number would pass an int32 (the file's)."""
+    L = full.lowered
+    has = np.flatnonzero(L.op_hbm_bytes > 0)
+    if not has.size:
+        return 0, 0
+    start = full.op_start_ps[has]
+    end = np.maximum(start, full.op_end_ps[has] - np.where(L.op_kind[has] == OP_KIND_MEM, L.op_lat_ps[has], 0))
+    first = start // bin_ps
+    last = np.maximum(end - 1, start) // bin_ps
+    if int(last.max()) > 2**31 - 1:
+        raise SimulationError(f"the run has more than 2**31 HBM counter bins of {bin_ps / 1000:g} ns: make them wider "
+                              "(cmemu run --link-bin-ns)")
+    dies = int(L.die_aic_cores.shape[0])
+    die = L.op_rank[has].astype(np.int64)
+    lo = np.full(dies, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(dies, -1, dtype=np.int64)
+    np.minimum.at(lo, die, first)
+    np.maximum.at(hi, die, last)
+    touched = np.bincount(die, weights=(last - first + 1).astype(np.float64), minlength=dies)
+    busy = hi >= 0
+    cells = int(np.minimum(hi[busy] - lo[busy] + 1, touched[busy]).sum())
+    return cells, cells * int(full.spec.die.hbm_stacks)
+
+
+def check_series_rows(full: RunResult, left_bytes: int) -> None:
+    """After the run, before the HBM series are made: the binned series' rows (the link
+    counters', now known, and the HBM series' at most) against what the memory limit leaves
+    them (MemoryLimitError)."""
+    bin_ps = int(full.link_series["bin_ps"]) if full.link_series is not None else 0
+    if bin_ps <= 0:
+        return
+    link_rows = int(len(full.link_series["bin"]))
+    die_rows, stack_rows = hbm_series_rows(full, bin_ps)
+    need = series_bytes(link_rows, die_rows, stack_rows)
+    if need > left_bytes:
+        raise MemoryLimitError(
+            f"the run's binned series would hold {link_rows:,} link rows and up to {die_rows + stack_rows:,} HBM rows "
+            f"over {full.sim_end_ps / 1e6:,.3f} us of simulated time (about {format_bytes(need)}), more than the "
+            f"{format_bytes(max(left_bytes, 0))} the memory limit leaves them; " + _series_advice(bin_ps))
 
 
 # _hbm_series spreads the dies a group at a time, of at most about this many (op, stack) intervals.

@@ -131,7 +131,9 @@ def test_run_refused_early_with_one_line(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({**HEADER, "system": "cloudmatrix384", "nodes": nodes}))
     topo = build_topology(load_system("cloudmatrix384"))
-    need = R.estimate_memory(load_trace(path, num_ranks=768), topo).total_bytes
+    # What a run checks: the estimate of its trace, with the binned series it must hold at the least.
+    need = R.prepare_run(path).need.total_bytes
+    assert need > R.estimate_memory(load_trace(path, num_ranks=768), topo).total_bytes
     to_read = R.BASELINE_BYTES + R.PARSE_BYTES_PER_FILE_BYTE * path.stat().st_size
     limit = (need + to_read) // 2
     assert to_read < limit < need  # the file can be read; the run does not fit

@@ -1414,6 +1414,12 @@ cdef class Engine:
         return np.asarray(self.msg_left).copy()
 
     @property
+    def series_rows(self):
+        """Rows of the binned link counters closed so far (the few bins each link keeps open aside):
+        what run.simulate checks against the memory limit between slices."""
+        return self.series_len
+
+    @property
     def msg_packets(self):
         """Packets each message is cut into (int64 [msgs])."""
         return self.message_packets()
@@ -2620,8 +2626,9 @@ cdef class Engine:
         return 0
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self, int64_t max_events=-1):
-        """Process events until none remain or max_events were handled in this call.
+    def run(self, int64_t max_events=-1, int64_t max_series_rows=-1):
+        """Process events until none remain or max_events were handled in this call, or (with
+        max_series_rows >= 0) the binned link counters hold more rows than that.
 
         Returns True when the queue is empty (the run is over: check ``ops_done``).
         """
@@ -2629,7 +2636,7 @@ cdef class Engine:
         cdef int64_t budget = max_events
         if self.released:
             raise RuntimeError("this engine's run state was released")
-        while self.queued_events() > 0 and budget != 0:
+        while self.queued_events() > 0 and budget != 0 and (max_series_rows < 0 or self.series_len <= max_series_rows):
             ev = self.next_event()
             self.now = ev.time
             self.events += 1

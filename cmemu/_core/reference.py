@@ -441,6 +441,11 @@ class Engine:
         names = ("start_ps", "end_ps", "msg", "seq", "link", "wire_bytes", "ptype")
         return {n: np.asarray(c, dtype=t) for n, c, t in zip(names, cols, types)}
 
+    @property
+    def series_rows(self):
+        """Rows of the binned link counters closed so far (as the native engine's)."""
+        return len(self.series)
+
     def link_series(self):
         for link in range(len(self.cur_bin)):
             self.series_flush(link)
@@ -1004,11 +1009,11 @@ class Engine:
         EV_FAIL: on_fail, EV_RETRANSMIT: on_retransmit, EV_WAKE: on_wake, EV_HBM_DONE: on_hbm_done,
     }
 
-    def run(self, max_events=-1):
+    def run(self, max_events=-1, max_series_rows=-1):
         heap = self.heap
         handlers = self._HANDLERS
         budget = max_events
-        while heap and budget != 0:
+        while heap and budget != 0 and (max_series_rows < 0 or len(self.series) <= max_series_rows):
             time, _seq, kind, a = heapq.heappop(heap)
             self.now = time
             self.events += 1

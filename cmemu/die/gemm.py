@@ -292,7 +292,9 @@ def gemm_program(t, cores, hits, cp, pipe, busy, lat, dep_ptr, dep_idx):
 def gemm_instructions(t: GemmTiling) -> int:
     """Instructions of the schedule (at most): per tile and chunk two MTE2 loads and two HBM
     fetches, per k-step an MTE1 and a cube instruction, per tile one FixPipe."""
-    steps = sum(ceil_div(min(t.kl1, t.k - q * t.kl1), t.bk) for q in range(t.chunks))
+    # Every chunk but the last is kl1 deep (a multiple of bk); worked out without a loop over the
+    # chunks, so that a huge k costs nothing before check_size refuses it.
+    steps = (t.chunks - 1) * (t.kl1 // t.bk) + ceil_div(t.k - (t.chunks - 1) * t.kl1, t.bk)
     return t.tiles * (4 * t.chunks + 2 * steps + 1)
 
 

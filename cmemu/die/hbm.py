@@ -77,7 +77,11 @@ class HBMParams:
         rd_fabric = round(die.hbm_read_latency_cycles * cycle_ps) - (timing[T_RCD] + timing[T_CL] + burst_ps)
         wr_fabric = round(die.hbm_write_latency_cycles * cycle_ps) - (timing[T_RCD] + timing[T_CWL] + burst_ps)
         if rd_fabric < 0 or wr_fabric < 0:
-            raise ValueError("hbm_read/write_latency_cycles are shorter than the DRAM timings they include")
+            from cmemu.errors import SpecError
+
+            raise SpecError("die.hbm_read_latency_cycles and die.hbm_write_latency_cycles must be at least the DRAM "
+                            f"timings they include (tRCD + CL or CWL + one burst), got read "
+                            f"{die.hbm_read_latency_cycles}, write {die.hbm_write_latency_cycles} cycles")
         return cls(
             pseudo_channels=die.hbm_pseudo_channels,
             banks=banks,

@@ -183,6 +183,8 @@ def mla_prefill_attention_cost(model: DieModel, tokens: int, kv_len: int | None 
     bq = min(PREFILL_Q_BLOCK, tokens)
     blk = _kv_block(model, bq, d_qk, d_qk + s.v_head, dtype)
     nq = ceil_div(tokens, bq)
+    # Each query block sees at least one KV block: refuse a huge op before its arrays are made.
+    check_size("this prefill attention", s.heads * nq * 64)
     # Causal: query block q (rows up to hi, after the prefix) sees the KV blocks holding the
     # positions below prefix + hi; the block the diagonal crosses is loaded up to that row.
     hi = prefix + np.minimum(tokens, (np.arange(nq, dtype=np.int64) + 1) * bq)

@@ -112,6 +112,13 @@ def _model_of(die) -> DieModel:
     wr = stream(hp, "write", hp.granule_byte, "sequential").bandwidth_byte_per_s
     cp = stream(hp, "copy", hp.granule_byte, "sequential").bandwidth_byte_per_s
     per_cycle = cycle_ps * 1e-12
+    if min(rd, wr, cp) * per_cycle < 0.001:
+        from cmemu.errors import SpecError
+
+        # The kernels count HBM rates in thousandths of a byte per cycle.
+        raise SpecError(f"the die's HBM timings leave it {min(rd, wr, cp) / 1e9:.3g} GB/s (read {rd / 1e9:.3g}, write "
+                        f"{wr / 1e9:.3g}, copy {cp / 1e9:.3g}), less than 1/1000 B per AI-core cycle: the die.hbm_t*_ns "
+                        "timings are too long for its pins")
     return DieModel(
         die=die,
         hbm=hp,

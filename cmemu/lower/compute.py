@@ -9,43 +9,23 @@ here; at run time the ops running on a die share its cores (the pool) and its HB
 """
 from __future__ import annotations
 
-from cmemu.errors import TraceError
 from cmemu.spec.model import DieSpec
-from cmemu.trace.ir import CLUSTER_OPS
 from cmemu.units import ns_to_ps
-
-
-def _check_cores(node, die: DieSpec, path: str) -> None:
-    from cmemu.die.ops import op_unit
-
-    attrs = node.attrs
-    op = attrs.get("cmemu.op")
-    unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
-    total = die.aic_cores if unit == "aic" else die.aiv_cores
-    cores = attrs.get("cmemu.cores", total)
-    if cores > total:
-        raise TraceError(path, f"{cores} cores requested, the die has {total} {unit.upper()} cores", node.id,
-                         "cmemu.cores")
-    if op in CLUSTER_OPS and 2 * cores > die.aiv_cores:
-        raise TraceError(path, f"{cores} AIC need {2 * cores} AIV beside them, the die has {die.aiv_cores}",
-                         node.id, "cmemu.cores")
 
 
 def comp_cost(node, die: DieSpec, path: str):
     """The die model's ``OpCost`` of a COMP node with work (``num_ops`` or ``cmemu.op``): its
-    duration, per-pipe busy cycles, HBM and L2 bytes. None for a fixed-time node."""
+    duration, per-pipe busy cycles, HBM and L2 bytes. None for a fixed-time node. A node the die
+    cannot run (cmemu.lower.checks.comp_problem: too many cores, an op the die model refuses)
+    raises its TraceError."""
+    from cmemu.lower.checks import comp_problem, raise_problem
+
+    raise_problem(comp_problem(node.attrs, die), path, node.id)
     if "cmemu.duration_ns" in node.attrs:
         return None
     from cmemu.die.ops import node_cost
 
-    _check_cores(node, die, path)
-    try:
-        return node_cost(die, node.attrs)
-    except ValueError as exc:
-        # The cube's lack of a dtype mode is the dtype's fault; anything else the op's (or its work's).
-        field = "cmemu.dtype" if "the cube has no" in str(exc) else (
-            "cmemu.op" if "cmemu.op" in node.attrs else "num_ops")
-        raise TraceError(path, str(exc), node.id, field) from None
+    return node_cost(die, node.attrs)
 
 
 def comp_duration_ps(node, die: DieSpec, path: str) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cmemu.errors import SpecError
 from cmemu.topology import (
     L_CPU_DOWN,
     L_CPU_UP,
@@ -175,14 +176,22 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
     # Credits: the receiver's buffer, less what is in flight while a credit travels back
     # (the engine returns credits the moment a packet leaves the buffer; in steady state the
     # return trip would hold back rate x latency bytes).
-    in_flight = -(-rate * lat // 10**12)
+    if float(rate.max(initial=0)) * float(lat.max(initial=0)) < 2**62:
+        in_flight = -(-rate * lat // 10**12)
+    else:  # a fast link with a long latency: the product passes an int64 (exactly, in Python ints)
+        in_flight = np.array([min(-(-r * t // 10**12), 2**62) for r, t in zip(rate.tolist(), lat.tolist())],
+                             dtype=np.int64)
     credit = np.int64(ub.vl_buffer_byte) - in_flight
     # Credit-based flow control is UB's (and the die-to-die link's): the RDMA and VPC planes get
     # buffers that never fill (PFC and TCP are not modelled).
     lossless_ub = np.isin(topo.link_kind, [L_DIE_UP, L_DIE_DOWN, L_CPU_UP, L_CPU_DOWN, L_L1_UP, L_L2_DOWN, L_D2D])
     credit = np.where(lossless_ub, credit, np.int64(1) << 50)
     if np.any(credit < ub.flit_wire_byte(ub.transport_mtu_byte + ub.header_write_byte)):
-        raise ValueError("ub.vl_buffer_byte is too small to hold one packet beyond the bytes in flight")
+        k = int(np.argmax(in_flight * lossless_ub))
+        raise SpecError(f"ub.vl_buffer_byte ({ub.vl_buffer_byte:,} B) is too small to hold one packet beyond the "
+                        f"bytes in flight while a credit travels back ({int(in_flight[k]):,} B at "
+                        f"{int(rate[k]) / 1e9:,.3f} GB/s and {int(lat[k]) / 1e3:,.3f} ns on link {k}): raise it, or "
+                        "lower the link rate or latency")
 
     kind = topo.vertex_kind
     dst_kind = kind[topo.link_dst]

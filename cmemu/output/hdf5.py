@@ -348,14 +348,19 @@ def _write_hbm_stack_series(dies, series, per_die, r, w: _Writer) -> None:
         raise ValueError("RunResult.hbm_stack_series: die or stack outside the system, negative bin or bytes")
     # The stacks of each (die, bin) must add up to the per-die series.
     nb = int(max(b.max() if b.size else 0, np.max(per_die["bin"]) if len(per_die["bin"]) else 0)) + 1
-    summed = sum_by(die.astype(np.int64) * nb + b, cols["bytes"], r.spec.dies * nb)
-    want = sum_by(np.asarray(per_die["die"], dtype=np.int64) * nb + np.asarray(per_die["bin"], dtype=np.int64),
-                  per_die["bytes"], r.spec.dies * nb)
-    bad = np.flatnonzero(summed != want)
-    if bad.size:
-        d, k = divmod(int(bad[0]), nb)
-        raise ValueError(f"RunResult.hbm_stack_series: the stacks of die {d} in bin {k} sum to {summed[bad[0]]} B, "
-                         f"the per-die series has {want[bad[0]]} B")
+    stack_key = die.astype(np.int64) * nb + b
+    die_key = np.asarray(per_die["die"], dtype=np.int64) * nb + np.asarray(per_die["bin"], dtype=np.int64)
+    if r.spec.dies * nb <= max(4 * (stack_key.size + die_key.size), 1 << 20):
+        summed = sum_by(stack_key, cols["bytes"], r.spec.dies * nb)
+        want = sum_by(die_key, per_die["bytes"], r.spec.dies * nb)
+        bad = np.flatnonzero(summed != want)
+        first = (int(bad[0]), int(summed[bad[0]]), int(want[bad[0]])) if bad.size else None
+    else:  # many bins, few of them used: sums by the (die, bin) pairs used, not by every pair
+        first = _first_difference(stack_key, cols["bytes"], die_key, per_die["bytes"])
+    if first is not None:
+        d, k = divmod(first[0], nb)
+        raise ValueError(f"RunResult.hbm_stack_series: the stacks of die {d} in bin {k} sum to {first[1]} B, "
+                         f"the per-die series has {first[2]} B")
     order = lexsort_order((stack, die, b))
     g = dies.create_group("hbm_stack_binned")
     g.attrs["doc"] = ("HBM bytes per (die, stack, time bin), only nonzero triples, sorted by bin, die, stack: "
@@ -369,6 +374,28 @@ def _write_hbm_stack_series(dies, series, per_die, r, w: _Writer) -> None:
     w.dataset(g, "bin", b, doc="time bin: covers [bin * bin_ps, (bin + 1) * bin_ps)", order=order)
     w.dataset(g, "bytes", cols["bytes"], unit="B", doc="HBM bytes read and written on the stack in the bin",
               order=order)
+
+
+def _first_difference(key_a, value_a, key_b, value_b):
+    """(key, sum of a, sum of b) at the smallest key where the sums of ``value_a`` by ``key_a``
+    and of ``value_b`` by ``key_b`` differ (a key absent from one sums to 0 there), else None:
+    what comparing two dense sum_by arrays gives, in memory by the keys used."""
+    def sums(key, value):
+        uniq, inv = np.unique(key, return_inverse=True)
+        total = sum_by(inv.reshape(-1), value, uniq.size)
+        return uniq[total != 0], total[total != 0]
+
+    ka, va = sums(key_a, value_a)
+    kb, vb = sums(key_b, value_b)
+    if ka.size == kb.size and np.array_equal(ka, kb) and np.array_equal(va, vb):
+        return None
+    keys = np.union1d(ka, kb)
+    at_a = np.zeros(keys.size, dtype=np.int64)
+    at_b = np.zeros(keys.size, dtype=np.int64)
+    at_a[np.searchsorted(keys, ka)] = va
+    at_b[np.searchsorted(keys, kb)] = vb
+    k = int(np.flatnonzero(at_a != at_b)[0])
+    return int(keys[k]), int(at_a[k]), int(at_b[k])
 
 
 def _write_moe_pairs(f, r, w: _Writer) -> None:

@@ -74,19 +74,31 @@ class ExportInfo:
     packets: str = ""  # what the trace holds of /packets (otherData.packets)
 
 
+# The engine's clock is an int64 count of picoseconds of at most 2**62 (cmemu.run.CLOCK_LIMIT_PS):
+# a window is a span of that clock.
+WINDOW_LIMIT_PS = 2**62
+
+
 def parse_window(text: str | None) -> tuple[int, int] | None:
-    """'START_US:END_US' (microseconds, decimals allowed) -> (start_ps, end_ps)."""
+    """'START_US:END_US' (microseconds, decimals allowed) -> (start_ps, end_ps), both within the
+    clock (0 to 2**62 ps)."""
     if text is None:
         return None
+    shown = repr(text) if len(str(text)) <= 60 else repr(str(text)[:57] + "...")
     parts = str(text).split(":")
     try:
         if len(parts) != 2:
             raise ValueError
-        lo, hi = (round(float(p) * 1e6) for p in parts)
+        lo_us, hi_us = (float(p) for p in parts)
     except ValueError:
-        raise ExportError(f"--window {text!r}: write START_US:END_US in microseconds, e.g. 100:250.5") from None
-    if not 0 <= lo < hi:
-        raise ExportError(f"--window {text!r}: need 0 <= START_US < END_US")
+        raise ExportError(f"--window {shown}: write START_US:END_US in microseconds, e.g. 100:250.5") from None
+    limit_us = WINDOW_LIMIT_PS / 1e6
+    if not (0 <= lo_us <= limit_us and 0 <= hi_us <= limit_us):  # NaN fails both
+        raise ExportError(f"--window {shown}: times must be numbers from 0 to {limit_us:,.0f} us "
+                          "(2**62 ps, what the clock holds)")
+    lo, hi = round(lo_us * 1e6), round(hi_us * 1e6)
+    if not lo < hi:
+        raise ExportError(f"--window {shown}: need 0 <= START_US < END_US")
     return lo, hi
 
 

@@ -34,6 +34,29 @@ OPTIONAL = {"packets": "the run was written without --detail packets (cmemu run 
             "dies/hbm_stack_binned": "the run binned no counters (cmemu run --link-bin-ns 0)"}
 
 
+# The datasets every reader needs, by group (docs/timeline-format.md), all of one length per group;
+# groups of a later version, or optional ones, are checked when the file has them.
+LAYOUT = {
+    "ops": ("node_id", "rank", "stream", "type", "name", "start_ps", "end_ps", "bytes"),
+    "messages": ("send_op", "recv_op", "bytes", "packets"),
+    "links": ("src_vertex", "dst_vertex", "kind", "rate_byte_per_s", "latency_ps", "bytes", "busy_ps"),
+    "dies": ("node", "npu", "die_in_npu", "busy_ps", "any_busy_ps", "exposed_comm_ps", "bytes_sent",
+             "bytes_received", "hbm_read_bytes", "hbm_write_bytes"),
+    "tasks": tuple(name for name, _ in TASK_FIELDS),
+    "links/binned": ("link", "bin", "bytes", "busy_ps"),
+    "dies/hbm_binned": ("die", "bin", "bytes"),
+    "dies/hbm_stack_binned": ("die", "stack", "bin", "bytes"),
+    "moe_pairs": ("dispatch_op", "combine_op"),
+    "packets": ("start_ps", "end_ps", "link", "msg", "op", "seq", "wire_bytes", "type"),
+}
+REQUIRED_GROUPS = {1: ("ops", "messages", "links"), 2: ("ops", "messages", "links", "dies", "tasks")}
+# The spec fields the reader uses (spec_json), each a whole number within what a spec may hold.
+SPEC_COUNTS = (("nodes", 4096), ("npus_per_node", 256), ("dies_per_npu", 2), ("cpus_per_node", 256),
+               ("ub.sub_planes", 64), ("ub.l2_chips_per_sub_plane", 1024))
+# A time bin's number is an int32 in the file.
+MAX_BIN = 2**31 - 1
+
+
 def open_timeline(path) -> "Timeline":
     """Open an HDF5 timeline written by ``cmemu run`` (any version in READABLE_VERSIONS)."""
     return Timeline(path)
@@ -96,13 +119,79 @@ class Timeline:
                 "a newer cmemu wrote it: upgrade cmemu to read it"
             )
         self.version = version
-        # Enum names as this file stores them (later cmemu versions may append members).
-        self.op_types = _enum_names(self._f["ops/type"], OP_TYPES)
-        self.link_kinds = _enum_names(self._f["links/kind"], LINK_KIND_NAMES)
-        self.pipes = _enum_names(self._f["tasks/pipe"], PIPE_NAMES) if "tasks/pipe" in self._f else PIPE_NAMES
-        self.attrs = {k: _plain(v) for k, v in self._f.attrs.items()}
-        self.spec = json.loads(self.attrs["spec_json"])
-        self.sim_end_ps = int(self.attrs["sim_end_ps"])
+        try:
+            self._check_layout()
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _damaged(self, what: str) -> TimelineError:
+        return TimelineError(f"{self.path}: a damaged timeline: {what}")
+
+    def _check_layout(self) -> None:
+        """The groups, datasets and attributes the readers use, each there, of the right shape and
+        kind (HDF5 errors of a damaged file become TimelineError); the spec the file carries."""
+        try:
+            self.attrs = {k: _plain(v) for k, v in self._f.attrs.items()}
+            groups = REQUIRED_GROUPS[1 if self.version < 2 else 2] + tuple(
+                g for g in ("links/binned", "dies/hbm_binned", "dies/hbm_stack_binned", "moe_pairs", "packets")
+                if g in self._f)
+            self._rows = {}
+            for g in groups:
+                if g not in self._f or not isinstance(self._f[g], h5py.Group):
+                    raise self._damaged(f"no group /{g}")
+                n = None
+                for name in LAYOUT[g]:
+                    ds = self._f[g].get(name)
+                    ndim = 2 if (g, name) == ("dies", "busy_ps") else 1
+                    if not isinstance(ds, h5py.Dataset) or len(ds.shape) != ndim:
+                        raise self._damaged(f"/{g}/{name} is missing or not a {ndim}-D dataset")
+                    if name != "name" and ds.dtype.kind not in "iu":
+                        raise self._damaged(f"/{g}/{name} holds {ds.dtype}, not integers")
+                    if n is not None and ds.shape[0] != n:
+                        raise self._damaged(f"/{g}/{name} has {ds.shape[0]:,} rows, the other columns of /{g} "
+                                            f"{n:,}")
+                    n = ds.shape[0]
+                self._rows[g] = n
+            if self.version >= 2:
+                for where, key in (("tasks", "status"), ("dies/busy_ps", "columns")):
+                    if key not in self._f[where].attrs:
+                        raise self._damaged(f"/{where} has no attribute {key}")
+            if "dies/hbm_stack_binned" in self._f:
+                stacks = self._f["dies/hbm_stack_binned"].attrs.get("stacks")
+                if stacks is None or not 0 < int(stacks) <= 127:
+                    raise self._damaged("/dies/hbm_stack_binned has no stacks attribute (1 to 127)")
+            for g in ("links/binned", "dies/hbm_binned"):
+                if g in self._f:
+                    bin_ps = self._f[g].attrs.get("bin_ps")
+                    if bin_ps is None or not 0 < int(bin_ps) <= 2**62:
+                        raise self._damaged(f"/{g} has no bin width (its attribute bin_ps, ps > 0)")
+            # Enum names as this file stores them (later cmemu versions may append members).
+            self.op_types = _enum_names(self._f["ops/type"], OP_TYPES)
+            self.link_kinds = _enum_names(self._f["links/kind"], LINK_KIND_NAMES)
+            self.pipes = _enum_names(self._f["tasks/pipe"], PIPE_NAMES) if "tasks/pipe" in self._f else PIPE_NAMES
+        except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise self._damaged(f"HDF5 cannot read its layout ({_one_line(exc)})") from None
+        try:
+            self.spec = json.loads(self.attrs["spec_json"])
+        except KeyError:
+            raise self._damaged("no spec_json attribute") from None
+        except (TypeError, ValueError) as exc:
+            raise self._damaged(f"its spec_json is not JSON ({_one_line(exc)})") from None
+        for key, most in SPEC_COUNTS:
+            v = self.spec
+            for part in key.split("."):
+                v = v.get(part) if isinstance(v, dict) else None
+            if type(v) is not int or not 1 <= v <= most:
+                raise self._damaged(f"its spec_json has no {key} (a whole number from 1 to {most})")
+        if not isinstance(self.spec.get("die"), dict):
+            raise self._damaged("its spec_json has no die")
+        end = self.attrs.get("sim_end_ps")
+        if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end <= 2**62:
+            raise self._damaged("no sim_end_ps attribute (the run's end, ps from 0 to 2**62)")
+        self.sim_end_ps = int(end)
+        if self.version >= 2 and self._rows["dies"] != self.dies_count:
+            raise self._damaged(f"/dies has {self._rows['dies']:,} rows, its spec {self.dies_count:,} dies")
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -131,17 +220,55 @@ class Timeline:
         raise TimelineError(f"{self.path}: no /{group}: {why}")
 
     def columns(self, group: str) -> dict:
-        """Every dataset of a group as numpy arrays (enum codes as integers, names as str)."""
+        """Every dataset of a group as numpy arrays (enum codes as integers, names as str); the
+        rows and codes that point elsewhere checked to point inside the file (TimelineError)."""
         g = self.require(group)
         out = {}
-        for name, ds in g.items():
-            if not isinstance(ds, h5py.Dataset):
-                continue
-            if h5py.check_string_dtype(ds.dtype) is not None:
-                out[name] = ds.asstr()[()].astype(object) if ds.shape[0] else np.zeros(0, dtype=object)
-            else:
-                out[name] = ds[()]
+        try:
+            for name, ds in g.items():
+                if not isinstance(ds, h5py.Dataset):
+                    continue
+                if h5py.check_string_dtype(ds.dtype) is not None:
+                    out[name] = ds.asstr()[()].astype(object) if ds.shape[0] else np.zeros(0, dtype=object)
+                else:
+                    out[name] = ds[()]
+        except (OSError, KeyError, ValueError, TypeError, RuntimeError, UnicodeDecodeError) as exc:
+            raise self._damaged(f"HDF5 cannot read /{group} ({_one_line(exc)})") from None
+        self._check_rows(group, out)
         return out
+
+    def _check_rows(self, group: str, c: dict) -> None:
+        """What a group's columns point at, inside the file: ops, messages, links, dies, enum
+        codes, time bins (before the run's end)."""
+        rows = self._rows
+        n_ops, n_links, dies = rows.get("ops", 0), rows.get("links", 0), self.dies_count
+        last_bin = {g: self.sim_end_ps // int(self._f[g].attrs["bin_ps"]) for g in ("links/binned", "dies/hbm_binned")
+                    if g in self._f}
+        if "dies/hbm_stack_binned" in self._f and "dies/hbm_binned" in last_bin:
+            last_bin["dies/hbm_stack_binned"] = last_bin["dies/hbm_binned"]
+        stacks = int(self._f["dies/hbm_stack_binned"].attrs.get("stacks", 0)) if group == "dies/hbm_stack_binned" else 0
+        bounds = {
+            "ops": (("rank", 0, dies), ("type", 0, len(self.op_types)), ("start_ps", 0, 2**62 + 1),
+                    ("end_ps", 0, 2**62 + 1)),
+            "messages": (("send_op", 0, n_ops), ("recv_op", 0, n_ops)),
+            "links": (("src_vertex", 0, len(self.vertex_names())), ("dst_vertex", 0, len(self.vertex_names())),
+                      ("kind", 0, len(self.link_kinds))),
+            "tasks": (("die", 0, dies), ("pipe", 0, len(self.pipes)), ("op", -1, n_ops), ("start_ps", 0, 2**62 + 1),
+                      ("end_ps", 0, 2**62 + 1)),
+            "links/binned": (("link", 0, n_links), ("bin", 0, last_bin.get(group, 0) + 1)),
+            "dies/hbm_binned": (("die", 0, dies), ("bin", 0, last_bin.get(group, 0) + 1)),
+            "dies/hbm_stack_binned": (("die", 0, dies), ("stack", 0, stacks), ("bin", 0, last_bin.get(group, 0) + 1)),
+            "moe_pairs": (("dispatch_op", 0, n_ops), ("combine_op", 0, n_ops)),
+            "packets": (("link", 0, n_links), ("op", 0, n_ops), ("msg", -1, rows.get("messages", 0)),
+                        ("start_ps", 0, 2**62 + 1), ("end_ps", 0, 2**62 + 1)),
+        }.get(group, ())
+        for name, lo, hi in bounds:
+            col = c.get(name)
+            if col is not None and col.size and (int(col.min()) < lo or int(col.max()) >= hi):
+                raise self._damaged(f"/{group}/{name} holds {int(col.min() if col.min() < lo else col.max()):,}, "
+                                    f"outside {lo:,}..{hi - 1:,}")
+        if group in ("ops", "tasks", "packets") and c["end_ps"].size and np.any(c["end_ps"] < c["start_ps"]):
+            raise self._damaged(f"/{group} has a row that ends before it starts")
 
     @property
     def dies_count(self) -> int:
@@ -174,8 +301,8 @@ class Timeline:
         """One row per message: send_op, recv_op (rows of ops()), src_rank, dst_rank, bytes, packets,
         send_start_ps, recv_end_ps (when the whole message had arrived, or the receive began)."""
         c = self.columns("messages")
-        o = self._f["ops"]
-        rank, start, end = o["rank"][()], o["start_ps"][()], o["end_ps"][()]
+        o = self.columns("ops")
+        rank, start, end = o["rank"], o["start_ps"], o["end_ps"]
         s, r = c["send_op"], c["recv_op"]
         return _table({
             "send_op": s, "recv_op": r, "src_rank": rank[s], "dst_rank": rank[r],
@@ -249,8 +376,8 @@ class Timeline:
         dispatch_start_ps, combine_end_ps (the round trip as that rank sees it). A file older
         than v4 raises TimelineError saying so."""
         c = self.columns("moe_pairs")
-        o = self._f["ops"]
-        rank, start, end = o["rank"][()], o["start_ps"][()], o["end_ps"][()]
+        o = self.columns("ops")
+        rank, start, end = o["rank"], o["start_ps"], o["end_ps"]
         d, k = c["dispatch_op"], c["combine_op"]
         return _table({"dispatch_op": d, "combine_op": k, "rank": rank[d], "dispatch_start_ps": start[d],
                        "combine_end_ps": end[k]}, self.as_numpy)
@@ -356,6 +483,11 @@ def _enum_names(ds, default) -> tuple:
     return tuple(n if n is not None else f"code {i}" for i, n in enumerate(names))
 
 
+def _one_line(exc) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _plain(v):
     if isinstance(v, bytes):
         return v.decode()
@@ -408,8 +540,8 @@ def summarize(t: Timeline) -> dict:
         "dies": dies,
         "makespan_us": end / 1e6,
         "ops": int(dur.size),
-        "messages": int(t._f["messages/send_op"].shape[0]),
-        "message_bytes": int(t._f["messages/bytes"][()].sum()),
+        "messages": int(t._rows["messages"]),
+        "message_bytes": int(t.columns("messages")["bytes"].sum()),
         "op_types": op_types,
         "exposed_comm": {
             "total_us": float(exposed.sum()) / 1e6,

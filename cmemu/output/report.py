@@ -27,27 +27,48 @@ PIPE_COLOURS = dict(zip(PIPE_NAMES, ("#d62728", "#17becf", "#bcbd22", "#e377c2",
                                       "#ffbb78", "#98df8a")))
 EXPOSED_COLOUR = "#d62728"
 GANTT_DIES_DEFAULT = 4
+# A time axis of at most this many columns: a timeline's bins are merged, a few at a time, beyond
+# it (a plot is about a thousand pixels wide; a grid of every 1 ns bin could take gigabytes).
+MAX_PLOT_BINS = 4096
+
+
+def _plot_bins(nbins: int) -> tuple[int, int]:
+    """(columns, bins per column) for a time axis of ``nbins`` bins."""
+    per = max(1, -(-nbins // MAX_PLOT_BINS))
+    return -(-nbins // per), per
 
 
 def parse_dies(text: str | None, dies: int) -> list[int]:
-    """'0,1,16' or '0-3' or '0-3,16' -> die indices, each checked against the system."""
+    """'0,1,16' or '0-3' or '0-3,16' -> die indices, each checked against the system (a range
+    before it is expanded: '0-1000000000' is refused, not built)."""
     if text is None:
         return list(range(min(GANTT_DIES_DEFAULT, dies)))
     out = []
+    bad = False
     for part in str(text).split(","):
         part = part.strip()
         try:
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
+                if not 0 <= lo <= hi < dies:
+                    bad = True
+                    break
                 out.extend(range(lo, hi + 1))
             else:
                 out.append(int(part))
         except ValueError:
-            raise CmemuError(f"--dies {text!r}: write die numbers such as 0,1,16 or ranges such as 0-3") from None
-    bad = [d for d in out if not 0 <= d < dies]
+            raise CmemuError(f"--dies {_shown(text)}: write die numbers such as 0,1,16 or ranges such as 0-3") from None
+    bad = bad or any(not 0 <= d < dies for d in out)
     if bad or not out:
-        raise CmemuError(f"--dies {text!r}: dies are numbered 0 to {dies - 1}")
+        raise CmemuError(f"--dies {_shown(text)}: dies are numbered 0 to {dies - 1} (a range LO-HI needs "
+                         "LO <= HI)")
     return list(dict.fromkeys(out))
+
+
+def _shown(text, limit: int = 60) -> str:
+    """An option's value for a one-line message, cut short if long."""
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
 
 
 def _fmt_us(ps) -> str:
@@ -281,13 +302,15 @@ def _link_heatmap(plt, t, c):
     b = t.columns("links/binned")
     bin_ps = t.link_bin_ps
     nbins = max(int(b["bin"].max()) + 1 if b["bin"].size else 1, -(-t.sim_end_ps // bin_ps))
+    nbins, per = _plot_bins(nbins)
+    bin_ps *= per
     used = np.unique(b["link"])
     # Rows grouped by kind, then by link number.
     used = used[np.lexsort((used, c["kind"][used]))]
     row = np.full(c["kind"].size, -1)
     row[used] = np.arange(used.size)
     grid = np.zeros((used.size, nbins))
-    grid[row[b["link"]], b["bin"]] = 100.0 * b["busy_ps"] / bin_ps
+    np.add.at(grid, (row[b["link"]], b["bin"] // per), 100.0 * b["busy_ps"] / bin_ps)
     fig, ax = plt.subplots(figsize=(12, min(12.0, max(3.5, 0.02 * used.size + 2.5))))
     im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", norm=Normalize(0, 100),
                    extent=(0, nbins * bin_ps / 1e6, used.size - 0.5, -0.5))
@@ -312,8 +335,10 @@ def _hbm(plt, t, s, win, dies):
     c = t.columns("dies/hbm_binned")
     bin_ps = t.hbm_bin_ps
     nbins = max(int(c["bin"].max()) + 1 if c["bin"].size else 1, -(-t.sim_end_ps // bin_ps))
+    nbins, per = _plot_bins(nbins)
+    bin_ps *= per
     grid = np.zeros((t.dies_count, nbins))
-    grid[c["die"], c["bin"]] = c["bytes"] / (bin_ps / 1e12) / 1e9  # GB/s
+    np.add.at(grid, (c["die"], c["bin"] // per), c["bytes"] / (bin_ps / 1e12) / 1e9)  # GB/s
     x = (np.arange(nbins) + 0.5) * bin_ps / 1e6
     lo, hi = win[0] / 1e6, win[1] / 1e6
     fig, ax = plt.subplots(figsize=(12, 4.5))

@@ -78,6 +78,14 @@ class DieSpec:
 
     def __post_init__(self):
         _require_positive(self, "die")
+        if self.hbm_channel_width_bit < 8 * self.hbm_pseudo_channels_per_channel:
+            raise ValueError(f"die.hbm_channel_width_bit ({self.hbm_channel_width_bit}) must give each of the "
+                             f"{self.hbm_pseudo_channels_per_channel} pseudo-channels of a channel at least 8 bits")
+        if self.hbm_trp_ns + self.hbm_trfc_ns >= self.hbm_trefi_ns:
+            # Otherwise the HBM model never gets past its refreshes (and real HBM would do no work).
+            raise ValueError(f"die.hbm_trp_ns + die.hbm_trfc_ns ({self.hbm_trp_ns:g} + {self.hbm_trfc_ns:g} ns) must "
+                             f"be less than die.hbm_trefi_ns ({self.hbm_trefi_ns:g} ns): a refresh must end before "
+                             "the next one is due")
 
     @property
     def cube_peak_flop_per_s_bf16(self) -> float:

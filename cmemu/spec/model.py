@@ -15,6 +15,10 @@ from cmemu.spec.die import DieSpec
 
 
 LOAD_BALANCING = ("spray", "hash")
+# Endpoints (dies and CPUs) are uint16 in the lowered messages; links are int32, and the topology
+# and fabric hold a few hundred bytes for each.
+MAX_ENDPOINTS = 2**16 - 1
+MAX_LINKS = 2**22
 
 
 @dataclass(frozen=True)
@@ -195,12 +199,29 @@ class SystemSpec:
                 f"ub.l1_uplinks_per_chip ({self.ub.l1_uplinks_per_chip}): some L2 chip would "
                 "have no link to some L1 chip"
             )
+        endpoints = self.dies + self.cpus
+        if endpoints > MAX_ENDPOINTS:
+            raise ValueError(f"{self.dies:,} dies and {self.cpus:,} CPUs are {endpoints:,} endpoints, more than the "
+                             f"{MAX_ENDPOINTS:,} the fabric numbers (nodes x npus_per_node x dies_per_npu, plus "
+                             "nodes x cpus_per_node)")
+        links = self.links_estimate
+        if links > MAX_LINKS:
+            raise ValueError(f"the system would have about {links:,} links, more than {MAX_LINKS:,} (2**22): "
+                             "fewer nodes, sub-planes or L1 uplinks")
         ports_needed = -(-self.nodes * self.ub.l1_uplinks_per_chip // self.ub.l2_chips_per_sub_plane)
         if ports_needed > self.ub.l2_ports_per_chip:
             raise ValueError(
                 f"{self.nodes} nodes x {self.ub.l1_uplinks_per_chip} uplinks need {ports_needed} "
                 f"ports on some L2 chip, more than ub.l2_ports_per_chip ({self.ub.l2_ports_per_chip})"
             )
+
+    @property
+    def links_estimate(self) -> int:
+        """Directed links of the topology (cmemu.topology.build_topology), at most, from the counts
+        alone: UB ports of every endpoint, L1 uplinks, die-to-die, RDMA and VPC links."""
+        e, p = self.dies + self.cpus, self.ub.sub_planes
+        return (2 * e * p + 2 * self.nodes * p * self.ub.l1_uplinks_per_chip + self.dies + 2 * self.dies
+                + 2 * e + 2 * self.nodes)
 
     @property
     def dies(self) -> int:

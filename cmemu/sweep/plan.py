@@ -77,6 +77,10 @@ def load_sweep(path) -> Sweep:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SweepFileError(f"{path}: cannot read the sweep file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        data = path.read_bytes()
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SweepFileError(f"{path}: not a sweep file: not UTF-8 text (invalid byte at line {line})") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -358,28 +362,40 @@ class _Checker:
                 self.fail(f"{where}.{k}", f"must be a finite number, got {v!r}")
         start, stop = spec["start"], spec["stop"]
         exact = all(isinstance(v, int) for v in spec.values())
-        out = []
+        # The number of values is worked out (in floats: a huge or tiny range may not fit an int)
+        # and checked before any value is made.
         if "step" in spec:
             step = spec["step"]
             if step == 0 or (stop - start) * step < 0:
                 self.fail(f"{where}.step", f"must be non-zero and lead from start {start} to stop {stop}")
-            n = int(math.floor((stop - start) / step + 1e-9)) + 1
-            self.check_count(where, n)
-            out = [start + i * step if exact else _tidy(start + i * step) for i in range(n)]
+            count = (stop - start) // step + 1 if exact else _count((stop - start) / step)
+            self.check_count(where, count)
+            n = int(count)
+            values = (start + i * step for i in range(n))
         else:
             factor = spec["factor"]
             if start == 0 or factor <= 0 or factor == 1 or (stop / start) <= 0 \
                     or (abs(stop) - abs(start)) * (factor - 1) < 0:
                 self.fail(f"{where}.factor", f"must lead from start {start} to stop {stop} by "
                                              "multiplying (start non-zero, factor > 0 and not 1)")
-            n = int(math.floor(math.log(stop / start) / math.log(factor) + 1e-9)) + 1
-            self.check_count(where, n)
-            out = [start * factor**i if exact else _tidy(start * factor**i) for i in range(n)]
+            ratio = stop / start
+            logs = math.log(ratio) if math.isfinite(ratio) and ratio > 0 else math.log(abs(stop)) - math.log(abs(start))
+            count = _count(logs / math.log(factor))
+            self.check_count(where, count)
+            n = int(count)
+            values = (start * factor**i for i in range(n))
+        try:
+            out = [v if exact else _tidy(v) for v in values]
+        except OverflowError:
+            out = [math.inf]
+        if not all(math.isfinite(v) for v in out):
+            self.fail(where, "the range's values pass what a double holds (about 1.8e308)")
         return out
 
-    def check_count(self, where: str, n: int):
-        if n > MAX_POINTS:
-            self.fail(where, f"the range has {n:,} values, more than {MAX_POINTS:,}")
+    def check_count(self, where: str, n):
+        if not n <= MAX_POINTS:  # a float count may be inf or NaN
+            many = f"{int(n):,}" if n < 1e15 else "about {:.1e}".format(n) if n < math.inf else "too many"
+            self.fail(where, f"the range has {many} values, more than {MAX_POINTS:,}")
 
     def summary(self):
         """``[summary]``: ``tables``, the result tables to keep; ``print``, the figures to print."""
@@ -447,6 +463,11 @@ def _default(param):
     if value is not None and not isinstance(value, (str, int, float, bool, list, tuple)):
         return None  # click's "unset" marker
     return list(value) if isinstance(value, tuple) else value
+
+
+def _count(steps: float) -> float:
+    """Values of a range ``steps`` steps long (a float: may be inf or NaN), the last included."""
+    return math.floor(steps + 1e-9) + 1 if math.isfinite(steps) else math.inf
 
 
 def _tidy(x: float) -> float:

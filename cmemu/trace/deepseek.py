@@ -109,6 +109,21 @@ class DecodeConfig:
         return 1.0 + (self.mtp_acceptance if self.mtp else 0.0)
 
 
+def _check_routing(tokens: int, top_k: int, experts: int, members: int, option: str) -> None:
+    """The generator routes the step's tokens to experts (moe_routing) to size the expert GEMMs:
+    refuse, before it does, a step whose routing would not fit in memory (3/4 of it, as `cmemu
+    run` would allow)."""
+    from cmemu.errors import CmemuError
+    from cmemu.lower.checks import moe_routing_bytes
+    from cmemu.run import default_memory_limit, format_bytes
+
+    need, limit = moe_routing_bytes(tokens, top_k, experts, members), default_memory_limit()
+    if need > limit:
+        raise CmemuError(f"{option}: routing {tokens:,} tokens at a time to the top {top_k} of {experts:,} experts on "
+                         f"{members:,} dies needs about {format_bytes(need)}, more than the memory limit of "
+                         f"{format_bytes(limit)} (3/4 of this machine's); generate fewer tokens per step")
+
+
 def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
     """The trace document of one decode step (docs/trace-format.md)."""
     cfg.check(dies)
@@ -120,6 +135,7 @@ def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
                  for i in range(cfg.micro_batches)]
     top_k = min(ROUTED_TOP_K + 1, cfg.ep)  # the shared expert as a ninth destination (fewer if EP < 9)
     received = {}
+    _check_routing(max(mb_tokens), top_k, cfg.ep, cfg.ep, "--tokens-per-die")
     for mb, t in enumerate(mb_tokens):
         routing = moe_routing(t, top_k, cfg.ep, cfg.ep, cfg.skew, cfg.seed + mb)
         counts = [int((routing == r).sum()) for r in range(cfg.ep)]
@@ -358,6 +374,7 @@ def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
     top_k = min(ROUTED_TOP_K + 1, cfg.ep * PREFILL_EXPERTS_PER_DIE)
     experts = cfg.ep * PREFILL_EXPERTS_PER_DIE
     groups = {"ep": ranks, **{f"tp{g}": ranks[g * G:(g + 1) * G] for g in range(cfg.tp_groups)}}
+    _check_routing(S, top_k, experts, cfg.ep, "--prompt-len x --requests")
     received = {mb: np.bincount(moe_routing(S, top_k, experts, cfg.ep, cfg.skew, cfg.seed + mb).ravel(),
                                 minlength=cfg.ep) for mb in range(cfg.micro_batches)}
     last = {}

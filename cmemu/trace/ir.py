@@ -6,9 +6,11 @@ transfer, placed on a rank (a die of the system) and a stream. docs/trace-format
 reference; ``schema/trace-v1.schema.json`` is the shipped contract for what one file may hold.
 
 This module checks everything a single file can get wrong (fields, types, ranges, references,
-message matching, dependency cycles) with plain Python, one pass per node, so that 10^5 nodes
-check in a fraction of a second; jsonschema is never used at run time. What it leaves to the
-lowering: whether a preset has as many cores as ``cmemu.cores`` asks for, and what an op costs.
+message matching, dependency cycles, the header's fault schedule, names that can be stored) with
+plain Python, one pass per node, so that 10^5 nodes check in a fraction of a second; jsonschema is
+never used at run time. What it leaves to the system (``node_check``, cmemu.lower.checks, called
+once per distinct attributes when given): whether a preset has as many cores as ``cmemu.cores``
+asks for, and what an op costs.
 ``COMM_COLL`` nodes are collectives over a group of ranks named in the header's ``groups``: each
 member has its own node, and the k-th collective of a group on one member goes with the k-th on
 every other member.
@@ -332,32 +334,37 @@ def _parse_jsonl(text: str, spath: str) -> dict:
 # -------------------------------------------------------------------------------------- checking
 
 
-def check_trace(doc, path, num_ranks: int) -> list[TraceError]:
+def check_trace(doc, path, num_ranks: int, node_check=None) -> list[TraceError]:
     """Every problem of a parsed trace, in file order; an empty list means it is valid.
 
-    ``num_ranks`` is the number of dies of the system the trace will run on. Never raises for bad
-    content (only ValueError for a bad ``num_ranks``, a caller's bug).
+    ``num_ranks`` is the number of dies of the system the trace will run on. ``node_check``,
+    when given, is called as ``node_check(type, attrs)`` once for each distinct set of checked
+    attributes of a COMP or COMM_COLL node (the system's own checks: cores, the die model's
+    limits; see ``cmemu.lower.checks``) and returns its problems as ``[(field, message)]``;
+    each is reported on the first node with those attributes. Never raises for bad content
+    (only ValueError for a bad ``num_ranks``, a caller's bug).
     """
     with _gc_paused():
-        return _check(doc, str(path), num_ranks, build=False)[0]
+        return _check(doc, str(path), num_ranks, build=False, node_check=node_check)[0]
 
 
-def load_trace(path, num_ranks: int, read=None) -> Trace:
+def load_trace(path, num_ranks: int, read=None, node_check=None) -> Trace:
     """Read and check a trace; raise its first TraceError (saying how many more there are).
 
     ``read`` is what ``read_trace(path)`` returned, for a caller that already read the file
-    (to learn its ``system`` before knowing ``num_ranks``).
+    (to learn its ``system`` before knowing ``num_ranks``); ``node_check`` as for check_trace.
     """
     doc, sha256 = read if read is not None else read_trace(path)
     spath = str(path)
     with _gc_paused():
-        errors, nodes, graph = _check(doc, spath, num_ranks, build=True)
+        errors, nodes, graph = _check(doc, spath, num_ranks, build=True, node_check=node_check)
     if errors:
         first = errors[0]
         if len(errors) > 1:
             more = len(errors) - 1
             detail = f"{first.detail} (and {more} more problem{'s' if more > 1 else ''})"
-            raise TraceError(first.path, detail, first.node_id, first.field)
+            first = TraceError(first.path, detail, first.node_id, first.field)
+        first.problems = errors  # every problem, for a caller that lists them (cmemu trace validate)
         raise first
     header = {k: v for k, v in doc.items() if k != "nodes"}
     trace = Trace(spath, sha256, header, nodes, header.get("system"))
@@ -597,11 +604,13 @@ _DEFAULT_ATTRS = {
     "COMM_COLL": {},
 }
 _COMM_PEER = {"COMM_SEND": "comm_dst", "COMM_RECV": "comm_src"}
+# Node types whose attributes the system checks too (_check's node_check: cores, op sizes).
+_SYSTEM_CHECKED = frozenset({"COMP", "COMM_COLL"})
 # Only meaningful when a COMP's time is derived from its work (num_ops), not fixed.
 _COMP_WORK_DEFAULTS = {"tensor_size": 0, "cmemu.dtype": "bf16"}
 
 
-def _check(doc, path: str, num_ranks: int, build: bool):
+def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
     """Check a parsed trace: (errors in file order, nodes if build and no errors)."""
     if type(num_ranks) is not int or num_ranks < 1:
         raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
@@ -674,6 +683,7 @@ def _check(doc, path: str, num_ranks: int, build: bool):
     # one string and one checked attrs dict for each, as the lowering's per-shape costs expect.
     shared_names = {}
     shared_attrs = {}  # (type, raw items, their value types) -> attrs, for attrs without problems
+    checked = {}  # id(attrs) -> [first node's index, label, prefix, nodes, attrs, node_check's problems]
     own_int = {}.setdefault  # the trace's own copy of each rank and stream (see _own)
     new_node = _new_node
     for i, nd in enumerate(nodes_in):
@@ -709,9 +719,13 @@ def _check(doc, path: str, num_ranks: int, build: bool):
                 name = f"{ntype.lower()}_{label}"
         elif type(name) is not str or not name:
             err(i, f"{pre}must be a non-empty string, got {_kind(name)}", label, "name")
+        elif name not in shared_names and _unstorable(name):
+            err(i, f"{pre}{_unstorable(name)}", label, "name")
         elif build:
             shared = shared_names.get(name)
             name = shared_names[name] = _own(name) if shared is None else shared
+        else:
+            shared_names[name] = name  # checked: the next node with this name is not checked again
 
         rank = get("rank")
         if type(rank) is not int or not 0 <= rank < num_ranks:
@@ -804,11 +818,19 @@ def _check(doc, path: str, num_ranks: int, build: bool):
                     attrs = shared_attrs.get(key)
                 except TypeError:  # an unhashable value (an 'x-' array or object)
                     key = None
+            attrs_ok = True
             if attrs is None:
                 before = len(found)
                 attrs = _check_attrs(ntype, raw_attrs, rank, num_ranks, i, label, pre, err)
-                if key is not None and len(found) == before:
+                attrs_ok = len(found) == before
+                if key is not None and attrs_ok:
                     shared_attrs[key] = attrs
+            if node_check is not None and attrs_ok and ntype in _SYSTEM_CHECKED:
+                seen = checked.get(id(attrs))
+                if seen is None:  # once per attrs dict (kept in the entry, so its id stays its own)
+                    checked[id(attrs)] = [i, label, pre, 1, attrs, node_check(ntype, attrs)]
+                else:
+                    seen[3] += 1
 
         if nid is not None and rank is not None and stream is not None:
             node_rank[i] = rank
@@ -835,6 +857,10 @@ def _check(doc, path: str, num_ranks: int, build: bool):
             out_nodes.append(new_node(nid, name, _NODE_TYPE_OWN[ntype], own_int(rank, rank + 0),
                                       own_int(stream, stream + 0), data_deps, ctrl_deps, attrs))
 
+    for i, label, pre, count, _attrs, problems in checked.values():
+        more = f" (and {count - 1:,} more node{'s' if count > 2 else ''} with these attributes)" if count > 1 else ""
+        for fld, message in problems:
+            err(i, f"{pre}{message}{more}", label, fld)
     pairs = _check_messages(msgs, msg_info, ids, err)
     instances = _check_collectives(colls, groups, ids, err)
     graph = TraceGraph(
@@ -945,12 +971,62 @@ def _check_header(doc: dict, err) -> None:
     for key in ("system", "description"):
         if key in doc and (type(doc[key]) is not str or not doc[key]):
             err(-1, f"must be a non-empty string, got {_kind(doc[key])}", fld=key)
+    if "cmemu.faults" in doc:
+        _check_faults(doc["cmemu.faults"], err)
     for key in doc:
         if key not in _HEADER_KEYS and not (
             type(key) is str and (key.startswith("x-") or key.startswith("cmemu."))
         ):
             err(-1, f"unknown header field (header fields: {', '.join(sorted(_HEADER_KEYS))}; "
                 "'x-' and 'cmemu.' fields are kept)", fld=key)
+
+
+# A fault schedule entry: the part (as --fail names it) and when it fails (0: from the start).
+FAULT_KEYS = ("fail", "at_ns")
+# A failure during a run must land on the clock: its time in ps below 2**62 (at_ns below 2**52).
+MAX_FAULT_NS = 2**52
+
+
+def _check_faults(raw, err) -> None:
+    """The header's ``cmemu.faults``: a list of {"fail": PART, "at_ns": TIME}. Whether each PART
+    names a part of the system is checked against the topology (cmemu.run.trace_failures)."""
+    fld = "cmemu.faults"
+    if type(raw) is not list:
+        err(-1, f"must be a list of {{\"fail\": PART, \"at_ns\": TIME}} objects (PART as --fail names it: "
+            f"link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID), got {_kind(raw)}", fld=fld)
+        return
+    for k, entry in enumerate(raw):
+        where = f"{fld}[{k}]"
+        if type(entry) is not dict:
+            err(-1, f"must be {{\"fail\": PART, \"at_ns\": TIME}}, got {_kind(entry)}", fld=where)
+            continue
+        for key in entry:
+            if key not in FAULT_KEYS and not (type(key) is str and key.startswith("x-")):
+                err(-1, f"unknown key {_kind(key)} (an entry holds fail and at_ns; 'x-' keys are kept and "
+                    "ignored)", fld=where)
+        part = entry.get("fail")
+        if type(part) is not str or not part:
+            got = _kind(part) if "fail" in entry else "nothing"
+            err(-1, f"must name a part as --fail does (link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID), "
+                f"got {got}", fld=f"{where}.fail")
+        at = entry.get("at_ns", 0)
+        if type(at) not in (int, float) or not 0 <= at < MAX_FAULT_NS:
+            err(-1, f"at_ns must be a time in ns >= 0 and below 2**52 (when the part fails; 0: from the start), "
+                f"got {_kind(at)}", fld=f"{where}.at_ns")
+
+
+def _unstorable(name: str) -> str | None:
+    """Why a name cannot be stored as text (HDF5 strings end at a NUL; UTF-8 cannot hold a lone
+    surrogate, which is no character at all), or None."""
+    if name.isascii():
+        return None if "\0" not in name else "holds a NUL character (U+0000), which an HDF5 string cannot hold"
+    if "\0" in name:
+        return "holds a NUL character (U+0000), which an HDF5 string cannot hold"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds a lone surrogate (U+{ord(name[exc.start]):04X}), which is not Unicode text"
+    return None
 
 
 def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
@@ -1080,6 +1156,10 @@ def _members_lead_forward(graph) -> bool:
                 and np.all(np.flatnonzero(after) > place[graph.stream_pred[after]]))
 
 
+# A dependency cycle's error names at most this many nodes at each end, and this many notes.
+CYCLE_SHOWN = 5
+
+
 def _check_cycles(ids, graph, forward, err) -> None:
     """Find a cycle over data_deps, ctrl_deps, stream order and messages (Kahn, no recursion).
 
@@ -1183,9 +1263,16 @@ def _check_cycles(ids, graph, forward, err) -> None:
     cycle = walk[at[i]:]
     low = min(range(len(cycle)), key=lambda k: ids[cycle[k][0]])
     cycle = cycle[low:] + cycle[:low]
-    path = " -> ".join(str(ids[k]) for k, _ in cycle) + f" -> {ids[cycle[0][0]]}"
+    if len(cycle) <= 2 * CYCLE_SHOWN:
+        path = " -> ".join(str(ids[k]) for k, _ in cycle) + f" -> {ids[cycle[0][0]]}"
+    else:  # a long cycle: its first and last few nodes (a line of a million ids helps nobody)
+        head = " -> ".join(str(ids[k]) for k, _ in cycle[:CYCLE_SHOWN])
+        tail = " -> ".join(str(ids[k]) for k, _ in cycle[-CYCLE_SHOWN:])
+        path = f"{head} -> ... ({len(cycle) - 2 * CYCLE_SHOWN:,} more) ... -> {tail} -> {ids[cycle[0][0]]}"
     notes = []
     for pos, (k, fld) in enumerate(cycle):
+        if len(notes) >= CYCLE_SHOWN:
+            break
         nxt = cycle[(pos + 1) % len(cycle)][0]
         if fld == "stream":
             rank, stream = int(graph.rank[k]), int(graph.stream[k])
@@ -1197,7 +1284,8 @@ def _check_cycles(ids, graph, forward, err) -> None:
         elif fld == "cmemu.group":
             notes.append(f"{ids[k]} -> {ids[nxt]} is a collective: {ids[k]} and {ids[nxt]} are "
                          "members of one COMM_COLL and wait for each other")
-    message = f"dependency cycle: {path} (a -> b: a waits for b)"
+    size = f"a cycle of {len(cycle):,} nodes; " if len(cycle) > 2 * CYCLE_SHOWN else ""
+    message = f"dependency cycle: {path} ({size}a -> b: a waits for b)"
     if notes:
         message += "; " + "; ".join(notes)
     if blocked > len(cycle):

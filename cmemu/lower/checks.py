@@ -1,0 +1,95 @@
+"""What a run checks of a trace against its system before simulating, beyond what the trace
+alone can get wrong (cmemu.trace.ir): per COMP and COMM_COLL node, its cores against the die's
+and the die model's limits on its op (the tile fits the buffers, the schedule is small enough to
+evaluate, its time fits the clock); per MoE collective, the memory its token routing takes.
+
+``cmemu run`` (through the loader and the lowering) and ``cmemu trace validate`` call these same
+functions, so that validate refuses what run would refuse, and says so for every node.
+"""
+from __future__ import annotations
+
+from cmemu.errors import TraceError
+
+# The engine's clock is an int64 count of picoseconds; one op may take at most 2**62 ps.
+MAX_OP_PS = 2**62
+
+
+def comp_problem(attrs: dict, die) -> tuple[str, str] | None:
+    """(field, message) of the first reason the die cannot run this COMP as given, else None."""
+    from cmemu.die.ops import node_cost, op_unit
+    from cmemu.trace.ir import CLUSTER_OPS
+
+    op = attrs.get("cmemu.op")
+    unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
+    total = die.aic_cores if unit == "aic" else die.aiv_cores
+    cores = attrs.get("cmemu.cores", total)
+    if cores > total:
+        return "cmemu.cores", f"{cores} cores requested, the die has {total} {unit.upper()} cores"
+    if op in CLUSTER_OPS and 2 * cores > die.aiv_cores:
+        return "cmemu.cores", f"{cores} AIC need {2 * cores} AIV beside them, the die has {die.aiv_cores}"
+    if "cmemu.duration_ns" in attrs:
+        return None  # a fixed time (checked against the clock with the trace)
+    try:
+        cost = node_cost(die, attrs)
+    except ValueError as exc:
+        # The cube's lack of a dtype mode is the dtype's fault; anything else the op's (or its work's).
+        field = "cmemu.dtype" if "the cube has no" in str(exc) else ("cmemu.op" if "cmemu.op" in attrs else "num_ops")
+        return field, str(exc)
+    if cost.duration_ps > MAX_OP_PS:
+        field = "cmemu.op" if "cmemu.op" in attrs else ("tensor_size" if cost.hbm_byte else "num_ops")
+        return field, (f"the die model times it at {cost.duration_ps / 86400e12:,.0f} days, beyond what the engine's "
+                       "clock holds (2**62 ps, about 53 days)")
+    return None
+
+
+def collective_problem(attrs: dict, die, members: int, limit_bytes: int | None) -> tuple[str, str] | None:
+    """(field, message) of the first reason a COMM_COLL cannot run on this die, else None.
+    ``members``: the size of its group; ``limit_bytes``: the memory a run may take."""
+    cores = attrs.get("cmemu.cores", die.aiv_cores)
+    if cores > die.aiv_cores:
+        return "cmemu.cores", f"{cores} AIV requested, the die has {die.aiv_cores}"
+    if "cmemu.tokens" in attrs and limit_bytes is not None:
+        need = moe_routing_bytes(attrs["cmemu.tokens"], attrs["cmemu.top_k"], attrs.get("cmemu.experts", members),
+                                 members)
+        if need > limit_bytes:
+            from cmemu.run import format_bytes
+
+            field = "cmemu.experts" if attrs.get("cmemu.experts", members) > attrs["cmemu.tokens"] else "cmemu.tokens"
+            return field, (f"routing {attrs['cmemu.tokens']:,} tokens to the top {attrs['cmemu.top_k']:,} of "
+                           f"{attrs.get('cmemu.experts', members):,} experts on {members:,} members needs about "
+                           f"{format_bytes(need)}, more than the memory limit of {format_bytes(limit_bytes)}")
+    return None
+
+
+def moe_routing_bytes(tokens: int, top_k: int, experts: int, members: int) -> int:
+    """Memory of one MoE routing (cmemu.lower.collectives.moe_routing): the destinations of every
+    member's (token, expert) pairs (int64), and while one member's are drawn, a key per token and
+    expert (float32 draws, float64 keys with skew and their negation, int64 partition) and three
+    per expert (its log-probability)."""
+    pairs = members * tokens * min(top_k, experts) * 8
+    scratch = tokens * experts * (4 + 8 + 8 + 8) if top_k < experts else tokens * experts * 16
+    return pairs + scratch + experts * 24
+
+
+def node_checker(spec, groups=None, limit_bytes: int | None = None):
+    """The system's checks of a node, for ``cmemu.trace.ir``'s ``node_check``: a function
+    ``(type, attrs) -> [(field, message)]`` for COMP and COMM_COLL nodes."""
+    die = spec.die
+    sizes = {name: len(ranks) for name, ranks in groups.items() if isinstance(ranks, list)} \
+        if isinstance(groups, dict) else {}
+
+    def check(ntype, attrs):
+        if ntype == "COMP":
+            problem = comp_problem(attrs, die)
+        else:
+            problem = collective_problem(attrs, die, max(2, sizes.get(attrs.get("cmemu.group"), 2)), limit_bytes)
+        return [problem] if problem else []
+
+    return check
+
+
+def raise_problem(problem, path: str, node_id) -> None:
+    """A problem of comp_problem / collective_problem as the TraceError the lowering raises."""
+    if problem is not None:
+        field, message = problem
+        raise TraceError(path, message, node_id, field)
