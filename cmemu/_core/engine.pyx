@@ -2109,9 +2109,12 @@ cdef class Engine:
         if self.msg_left[m] == 1:
             self.deliver(m, t)
         t += ack if ack >= 0 else self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
-        self.ack_push(s, t)
         if self.ini_tracked[s]:
+            if self.lookahead == 0:
+                self.ack_push(s, t)  # (on the message-level fabric an AIV keeps no window: inject)
             self.aiv_done(s, self.pkts[p].iseq, t)
+        else:
+            self.ack_push(s, t)
         if (self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]
                 and not (self.ini_tracked[s] and self.lookahead > 0)):
             self.wake_at(s, t)  # its initiator waits for a window slot
@@ -2434,7 +2437,8 @@ cdef class Engine:
                 if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
                     q.head = (q.head + 1) & (q.cap - 1)
                     q.n -= 1
-            self.ep_outstanding[ep] += 1
+            if not self.ini_tracked[ep] or self.lookahead == 0 or kind != MSG_WRITE:
+                self.ep_outstanding[ep] += 1
             # Issued one issue time after the previous packet, and not before its message's
             # start; it waits in its port's queue until then.
             if self.ep_issue_free[ep] < self.now:

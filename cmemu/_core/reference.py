@@ -721,7 +721,8 @@ class Engine:
         if self.msg_left[m] == 1:
             self.deliver(m, self.msg_delivered[m])
         t += self.ack_trip(m, pk.plane, pk.uplink)
-        heapq.heappush(self.ack_heap[s], t)
+        if not self.ini_tracked[s] or self.lookahead == 0:
+            heapq.heappush(self.ack_heap[s], t)
         if self.ini_tracked[s]:
             self.aiv_done(s, pk.iseq, t)
         if (self.ep_qhead[s] >= 0 and self.ep_outstanding[s] >= self.ep_max_out[s]
@@ -833,7 +834,8 @@ class Engine:
                 self.ep_qhead[ep] = self.msg_qnext[m]
                 if self.ep_qhead[ep] < 0:
                     self.ep_qtail[ep] = -1
-            self.ep_outstanding[ep] += 1
+            if not tracked or self.lookahead == 0 or kind != MSG_WRITE:
+                self.ep_outstanding[ep] += 1
             op = self.msg_send_op[m] if kind == MSG_WRITE else self.msg_recv_op[m]
             self.ep_issue_free[ep] = max(self.ep_issue_free[ep], self.now, self.op_start[op] + self.ep_startup[ep])
             pk.ready = self.ep_issue_free[ep]
