@@ -23,6 +23,7 @@ from cmemu.lower import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lower
 from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
 from cmemu.spec import SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
+from cmemu.trace.ir import TraceDocument
 from cmemu.units import ns_to_ps
 
 DEFAULT_SYSTEM = "cloudmatrix384"
@@ -672,7 +673,9 @@ def run_trace(
     pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
     fabric_model: str = "packet",
 ) -> RunResult:
-    """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
+    """Replay a trace file, or a trace in memory (a cmemu.trace.TraceDocument, which the run takes
+    over: the scenarios' generated steps need no file); write the HDF5 timeline to ``output``
+    when it is given.
 
     ``spec`` (a resolved SystemSpec) replaces ``system`` and ``overrides`` when given.
 
@@ -731,13 +734,14 @@ def prepare_run(trace_path, system: str | None = None, overrides=(), native: boo
                 spec: SystemSpec | None = None, fail=(), pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
                 fabric_model: str = "packet") -> PreparedRun:
     """Everything ``run_trace`` checks and builds before simulating, for ``cmemu run`` and
-    ``cmemu trace validate`` alike: the options, the memory the file takes to read, the trace
+    ``cmemu trace validate`` alike (``trace_path``: a file, or a TraceDocument, which it takes
+    over and frees once checked): the options, the memory the file takes to read, the trace
     (with the system's checks of each node: cores, op sizes, MoE routing), the run's memory
     estimate, the lowering, the fault schedule against the topology, the clock's range, and the
     binned series' rows at the least. Raises the first problem as a CmemuError; a trace's own
     problems as its first TraceError, whose ``problems`` lists them all."""
     from cmemu.lower.checks import node_checker
-    from cmemu.trace import load_trace, read_trace
+    from cmemu.trace import load_trace, read_document
 
     if fabric_model not in FABRIC_MODELS:
         raise CmemuError(f"--fabric must be one of {', '.join(FABRIC_MODELS)}, got {fabric_model!r}")
@@ -745,9 +749,13 @@ def prepare_run(trace_path, system: str | None = None, overrides=(), native: boo
         raise CmemuError(f"--pipe-intervals must be at least 1, got {pipe_intervals}")
     bin_ps = check_link_bin_ns(link_bin_ns)
     limit = default_memory_limit() if max_memory_bytes is None else int(max_memory_bytes)
-    trace_path = Path(trace_path)
-    _check_file_size(trace_path, limit)
-    read = read_trace(trace_path)
+    if isinstance(trace_path, TraceDocument):
+        source = trace_path
+    else:
+        _check_file_size(Path(trace_path), limit)
+        source = read_document(trace_path)
+    trace_path = source.name  # what errors name
+    read = source.take()
     header_system = read[0].get("system") if isinstance(read[0], dict) else None
     groups = read[0].get("groups") if isinstance(read[0], dict) else None
     if spec is None:
@@ -756,7 +764,7 @@ def prepare_run(trace_path, system: str | None = None, overrides=(), native: boo
     trace = load_trace(trace_path, num_ranks=spec.dies, read=read, node_check=node_checker(spec, groups, limit))
     del read, groups  # the parsed document: the checked nodes hold all the run needs
     need = estimate_memory(trace, topo, native=native, pipe_intervals=pipe_intervals, detail=detail)
-    check_packet_records(need, limit, str(trace_path))
+    check_packet_records(need, limit, trace_path)
     _check_need(need, limit, trace_path)
     record = detail == "packets"
     # The native engine reads only the templates of the collectives' repeated messages and then
@@ -797,7 +805,10 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         check_compression(compression)
         # and neither should a target that cannot be written: a missing or read-only folder, a
         # device file or link, or the trace itself.
-        check_output(output, inputs=(trace_path,))
+        check_output(output, inputs=_input_files(trace_path))
+        if isinstance(trace_path, TraceDocument):
+            trace_path.sha256  # noqa: B018 (the timeline records it: worked out before the run frees the document)
+    inputs = _input_files(trace_path)
     prep = prepare_run(trace_path, system, overrides, native, max_memory_bytes, detail, link_bin_ns, spec, fail,
                        pipe_intervals, fabric_model)
     spec, topo, trace, lowered, fabric, need = prep.spec, prep.topology, prep.trace, prep.lowered, prep.fabric, prep.need
@@ -868,8 +879,15 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         whole.wall_time_s = max(built, series[2]) - t0
         return whole
 
-    write_timeline(output, result, compression=compression, detail=detail, hbm_later=complete, inputs=(trace_path,))
+    write_timeline(output, result, compression=compression, detail=detail, hbm_later=complete, inputs=inputs)
     return whole
+
+
+def _input_files(trace) -> tuple:
+    """The files a run reads (none for a trace in memory), which its output must not replace."""
+    if isinstance(trace, TraceDocument):
+        return () if trace.file is None else (trace.file,)
+    return (trace,)
 
 
 def _check_file_size(path: Path, limit: int) -> None:

@@ -139,17 +139,15 @@ def check_positive(name: str, value) -> None:
 
 
 def run_doc(doc: dict, spec, **options):
-    """Run a trace document (a dict, as in docs/trace-format.md) on a resolved spec."""
-    import json
-    import tempfile
-    from pathlib import Path
-
+    """Run a trace document (a dict, as in docs/trace-format.md) on a resolved spec, in memory
+    (as `cmemu run` runs the file it has read: cmemu.trace.TraceDocument). The run takes the
+    document over and frees it once checked: a caller that needs it afterwards passes a copy."""
     from cmemu.run import run_trace
+    from cmemu.trace import TraceDocument
 
-    with tempfile.TemporaryDirectory(prefix="cmemu-scenario-") as tmp:
-        path = Path(tmp) / "scenario.json"
-        path.write_text(json.dumps(doc))
-        return run_trace(path, spec=spec, progress=False, link_bin_ns=0, **options)
+    source = TraceDocument(doc, f"<{spec.name} scenario trace>")
+    del doc
+    return run_trace(source, spec=spec, progress=False, link_bin_ns=0, **options)
 
 
 def trace_doc(spec, nodes, groups=None, description=None) -> dict:

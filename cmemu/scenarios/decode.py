@@ -153,8 +153,8 @@ def decode_metrics(cfg: DecodeConfig, result) -> dict:
 
 def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int | None = None):
     """(step metrics, busy time by op class, busy time per stream) of one simulated step."""
-    doc = decode_trace(cfg, spec.name, spec.dies)
-    return decode_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
+    result = run_doc(decode_trace(cfg, spec.name, spec.dies), spec, fabric_model=fabric, max_memory_bytes=max_memory)
+    return decode_metrics(cfg, result)
 
 
 @scenario_command("decode")

@@ -28,10 +28,6 @@ weighted sums after the last send).
 """
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
-
 import click
 import numpy as np
 
@@ -73,12 +69,10 @@ def run_collectives(doc: dict, spec, fabric_model: str = "packet"):
     from cmemu.lower.fabric import build_fabric
     from cmemu.run import check_clock_range, simulate
     from cmemu.topology import build_topology
-    from cmemu.trace.ir import load_trace
+    from cmemu.trace.ir import TraceDocument, load_trace
 
-    with tempfile.TemporaryDirectory(prefix="cmemu-scenario-") as tmp:
-        path = Path(tmp) / "scenario.json"
-        path.write_text(json.dumps(doc))
-        trace = load_trace(path, spec.dies)
+    source = TraceDocument(doc, f"<{spec.name} scenario trace>")
+    trace = load_trace(source.name, spec.dies, read=source.take())
     topo = build_topology(spec)
     lowered = lower(trace, topo)
     fabric = build_fabric(topo, model=fabric_model)

@@ -97,8 +97,8 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
 
 
 def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None):
-    doc = prefill_trace(cfg, spec.name, spec.dies)
-    return prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
+    result = run_doc(prefill_trace(cfg, spec.name, spec.dies), spec, fabric_model=fabric, max_memory_bytes=max_memory)
+    return prefill_metrics(cfg, result)
 
 
 @scenario_command("prefill")

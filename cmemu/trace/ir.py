@@ -272,6 +272,43 @@ def read_trace(path) -> tuple[dict, str]:
         return _parse_json(text, spath, 0), sha256
 
 
+class TraceDocument:
+    """A trace in memory, ready to check and run: a document of docs/trace-format.md's shape
+    (what ``read_trace`` parses a file into, or what a generator builds: the scenarios'), the
+    name its errors carry, and the file it came from, if any. ``cmemu run`` reads its file into
+    one (``read_document``) and the scenarios make one of the dict they generated; both hand it
+    to cmemu.run.run_trace, which checks and runs it the same way, so a generated trace needs no
+    file. The run takes the document over (``take``): it is freed once checked."""
+
+    __slots__ = ("doc", "name", "file", "_sha256")
+
+    def __init__(self, doc: dict, name: str = "<generated trace>", sha256: str | None = None, file=None):
+        self.doc, self.name, self.file, self._sha256 = doc, str(name), file, sha256
+
+    @property
+    def sha256(self) -> str:
+        """The file's sha256; a generated document's is that of its JSON (``json.dumps``)."""
+        if self._sha256 is None:
+            self._sha256 = hashlib.sha256(json.dumps(self.doc).encode()).hexdigest()
+        return self._sha256
+
+    def take(self) -> tuple[dict, str]:
+        """(document, sha256) for ``load_trace(read=...)``, and this object keeps the document no
+        more. The sha256 is "" for a generated document whose ``sha256`` was never asked for (it
+        costs a serialisation: a run asks only when it writes a timeline, which records it)."""
+        if self.doc is None:
+            raise ValueError(f"{self.name}: this trace document was already run")
+        read = self.doc, self._sha256 or ""
+        self.doc = None
+        return read
+
+
+def read_document(path) -> TraceDocument:
+    """A trace file read into memory (``read_trace``)."""
+    doc, sha256 = read_trace(path)
+    return TraceDocument(doc, str(path), sha256, file=Path(path))
+
+
 _JSON_SPACE = " \t\n\r"  # JSON's whitespace (str.strip() would take Unicode's, which JSON refuses)
 
 
