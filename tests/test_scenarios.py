@@ -25,6 +25,7 @@ SMALL = {
     "ems": ["--prompt", "512", "--reuse", "0,0.5", "--layers", "2"],
     "model-load": ["--instances", "8", "--sample-mbyte", "1"],
     "kv-transfer": ["--prompts", "1K", "--layers", "2"],
+    "traffic": ["-s", "mini", "--load", "0.2,0.9", "--window-us", "2", "--fabric", "both"],
 }
 
 UNIT_SUFFIXES = ("_us", "_ms", "_ns", "_s", "_ps", "_byte", "_bytes", "_mbyte", "_gbyte_per_s", "_percent", "_pct",

@@ -23,6 +23,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "gemm": ("cmemu.scenarios.gemm", "grouped INT8/BF16 GEMM on one die: cube utilisation, HBM GB/s"),
     "mla": ("cmemu.scenarios.mla", "MLA decode attention on one die: compute-bound vs memory-bound"),
     "hbm": ("cmemu.scenarios.hbm", "HBM streaming bandwidth and latency by access size"),
+    "traffic": ("cmemu.scenarios.traffic", "latency-load curves: uniform, permutation, incast, all-to-all packets"),
 }
 
 
