@@ -1,7 +1,61 @@
-"""Build for cmemu: the Cython event core in cmemu/_core is compiled at install time."""
+"""Build for cmemu: the Cython event core in cmemu/_core is compiled at install time, and so are
+the Numba kernels the README's main command uses (``warm_up``: a wheel's build runs that
+command's trace once from the built package, and the kernels Numba caches beside their sources
+go into the wheel; cmemu/kernels.py says when they are used)."""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
+
+HERE = Path(__file__).resolve().parent
+WARM_UP_TRACE = HERE / "traces" / "deepseek_r1_decode_mini_2layers.json"  # the README's main command
+# That command's run, its timeline written, from the built package.
+WARM_UP = "import sys; from cmemu.run import run_trace; run_trace(sys.argv[1], output=sys.argv[2], progress=False)"
+
+
+def warm_up(build_lib) -> None:
+    """Compile the Numba kernels into the built package's __pycache__ folders (cache=True), by a
+    run of the README's main command in a child process that imports the built package. A build
+    without the trace (from an sdist) skips it, and a failed one is reported and skipped: the
+    kernels then compile on first use, as they always may (another Numba, Python or CPU than the
+    build's, a kernel or signature the command does not use)."""
+    if not WARM_UP_TRACE.exists():
+        return
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(build_lib).resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    print("compiling the Numba kernels of the README's main command (cmemu/kernels.py)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="cmemu-build-") as tmp:
+        done = subprocess.run([sys.executable, "-c", WARM_UP, str(WARM_UP_TRACE), str(Path(tmp) / "warm-up.h5")],
+                              env=env, cwd=tmp, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"skipped: the kernels will compile on first use ({done.stderr.strip().splitlines()[-1:]})")
+
+
+cmdclass = {}
+if bdist_wheel is not None:
+    class bdist_wheel_with_kernels(bdist_wheel):
+        """A wheel with the kernels compiled (``warm_up``); editable installs are not wheels of
+        this kind and compile on first use."""
+
+        def run(self):
+            self.run_command("build")
+            warm_up(self.get_finalized_command("build").build_lib)
+            super().run()
+
+    cmdclass["bdist_wheel"] = bdist_wheel_with_kernels
 
 extensions = [
     Extension(
@@ -40,4 +94,5 @@ setup(
     },
     entry_points={"console_scripts": ["cmemu=cmemu.cli:main"]},
     zip_safe=False,
+    cmdclass=cmdclass,
 )

@@ -467,6 +467,7 @@ class RunResult:
     fabric_packets: int = 0
     fabric_bytes: int = 0
     fabric_model: str = "packet"  # cmemu.lower.fabric.FABRIC_MODELS: how messages moved
+    compile_s: float = 0.0  # of wall_time_s, the time Numba spent compiling kernels (cmemu.kernels; first runs)
 
     @property
     def sim_end_ps(self) -> int:
@@ -796,7 +797,9 @@ def _check_need(need: MemoryEstimate, limit: int, trace_path, bin_ps: int = 0) -
 
 def _run_trace(trace_path, system, overrides, output, native, progress, max_memory_bytes, compression, detail,
                link_bin_ns, spec, fail, pipe_intervals, fabric_model) -> RunResult:
-    t0 = time.perf_counter()
+    from cmemu.kernels import compile_seconds
+
+    t0, compiling0 = time.perf_counter(), compile_seconds()
     if output is not None:
         from cmemu.output.atomic import check_output
         from cmemu.output.schema import check_compression, check_detail
@@ -863,6 +866,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     if output is None:
         result = with_hbm_series(result, hbm.result())
         result.wall_time_s = time.perf_counter() - t0
+        result.compile_s = compile_seconds() - compiling0
         return result
     from cmemu.output.hdf5 import write_timeline
 
@@ -870,6 +874,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
     # run's wall time is to when they were done (its results whole), the writing aside.
     built = time.perf_counter()
     result.wall_time_s = built - t0
+    result.compile_s = compile_seconds() - compiling0
     whole = result
 
     def complete():
@@ -877,6 +882,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         series = hbm.result()
         whole = with_hbm_series(result, series)
         whole.wall_time_s = max(built, series[2]) - t0
+        whole.compile_s = compile_seconds() - compiling0
         return whole
 
     write_timeline(output, result, compression=compression, detail=detail, hbm_later=complete, inputs=inputs)

@@ -16,7 +16,7 @@ capacity.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 
 @njit(cache=True, nogil=True)

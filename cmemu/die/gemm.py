@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 from cmemu.die.l2 import lru_run
 from cmemu.die.model import AIC_PIPES, DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size, cost_params, finish_cost

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 # Indices into the integer timing table the kernel reads (all in ps, except QUEUE).
 (T_BURST, T_CL, T_CWL, T_RCD, T_RP, T_RAS, T_RRD, T_FAW, T_WR, T_RTP, T_WTR, T_RTW, T_RFC,

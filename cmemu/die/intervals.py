@@ -23,7 +23,7 @@ fall on cycles).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 from cmemu.die.pipeline import MAX_INTERVALS_PER_PIPE, merge_intervals
 

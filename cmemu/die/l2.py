@@ -18,7 +18,7 @@ cache at the same time.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 
 @njit(cache=True)

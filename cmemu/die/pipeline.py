@@ -19,7 +19,7 @@ interpreter), which tests compare; ``run_program(..., native=False)`` picks it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 
 @njit(cache=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 MAX_BACK = 2
 

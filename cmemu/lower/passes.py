@@ -11,7 +11,7 @@ memory being slow to touch on the development VM). Each kernel has a numpy refer
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 
 def successor_csr(src, dst, n: int):

@@ -9,7 +9,7 @@ weights, as ``np.bincount`` would use), without ``ufunc.at``'s per-element overh
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from cmemu.kernels import njit
 
 
 @njit(cache=True, nogil=True)
