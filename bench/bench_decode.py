@@ -14,13 +14,8 @@ as it grows), and the message-level fabric's step time against the packet model'
 (within MAX_FABRIC_ERROR).
 """
 import os
-import re
-import resource
-import subprocess
-import sys
-import time
 
-from decode_steps import CLI, decode_trace
+from decode_steps import decode_trace, run_figures, timed_cli
 
 MAX_EVENT_COST_GROWTH = 1.5
 MAX_FABRIC_ERROR = 0.01
@@ -29,19 +24,9 @@ BUDGET_S, BUDGET_GB = 60.0, 4.0
 
 def _run(tmp_path, layers, fabric="message"):
     trace = decode_trace(tmp_path, layers)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CLI, "run", str(trace), "-o", str(tmp_path / f"{layers}.h5"),
-                           "--fabric", fabric], capture_output=True, text=True, cwd=tmp_path)
-    elapsed = time.perf_counter() - start
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = done.stdout
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"events": int(re.search(r"events\s+([\d,]+)", out).group(1).replace(",", "")),
-            "wall_s": elapsed,  # the child's whole life: imports, the run, the HDF5 written
-            "sim_us": float(re.search(r"simulated time\s+([\d,.]+) us", out).group(1).replace(",", "")),
-            # ru_maxrss of children is the largest child so far: only a new maximum is this run's.
-            "peak_gb": peak_kib * 1024 / 1e9 if peak_kib > before else float("nan")}
+    out, wall, peak = timed_cli(["run", trace, "-o", tmp_path / f"{layers}.h5", "--fabric", fabric], tmp_path)
+    # wall: the child's whole life: imports, the run, the HDF5 written
+    return {**run_figures(out), "wall_s": wall, "peak_gb": peak}
 
 
 def test_decode_step_extrapolated(tmp_path):
