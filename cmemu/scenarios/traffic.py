@@ -27,8 +27,10 @@ the window's length times the line rate), accepted load (the same of the packets
 the window: their data in the target's memory), the mean and 99th percentile of the latency of
 the packets created in the window (creation to delivery: the source queue, the initiator's
 start-up, the hops and the target's memory write), and whether the point is saturated:
-accepted below SATURATED_SHARE of offered. Both fabric models (``--fabric both``): the packet
-model, with credit flow control, and the message-level one (docs/model.md).
+accepted below SATURATED_SHARE of offered; and the simulation's speed, packets and packet-hops
+(a data packet crossing one link) per second of the engine's wall time. Both fabric models
+(``--fabric both``): the packet model, with credit flow control, and the message-level one
+(docs/model.md).
 """
 from __future__ import annotations
 
@@ -89,9 +91,8 @@ def arrival_times(rng, senders: int, t: Traffic) -> list[np.ndarray]:
     out = []
     if t.arrival == "bernoulli":
         slots = int(horizon // slot)
-        hits = rng.random((senders, slots)) < t.load
-        for row in hits:
-            out.append(np.round(np.flatnonzero(row) * slot).astype(np.int64))
+        for _ in range(senders):  # one sender's slots at a time: memory stays one row
+            out.append(np.round(np.flatnonzero(rng.random(slots) < t.load) * slot).astype(np.int64))
         return out
     mean = slot / t.load
     expect = horizon / mean
