@@ -7,12 +7,14 @@ the printed figures and the README). This bench runs `cmemu run --fabric message
 the HDF5 written) on the generated step cut to 4 and to 5 layers, which differ by one MoE layer,
 and reports what one MoE layer costs and the whole step extrapolated from it (3 dense + 58 MoE
 layers + the MTP layer). With CMEMU_BENCH_FULL_STEP=1 it also runs the whole step and reports it
-as measured (about 55 s and 3.8 GB today).
+as measured (about 55 s and 3.8 GB today), and `cmemu scenario run decode --layers 61 --fabric
+message` end to end, the way a user runs it (the step generated and run in memory).
 
 Gated: the cost per event of the 5-layer run against the 4-layer one (a run must not slow down
 as it grows), and the message-level fabric's step time against the packet model's on 4 layers
 (within MAX_FABRIC_ERROR).
 """
+import json
 import os
 
 from decode_steps import decode_trace, run_figures, timed_cli
@@ -57,8 +59,13 @@ def test_decode_step_full(tmp_path):
 
         pytest.skip("set CMEMU_BENCH_FULL_STEP=1 to run the whole 61-layer step")
     full = _run(tmp_path, 61)
+    # The way a user runs it: the scenario generates the step and runs it in memory.
+    out, scenario_s, scenario_gb = timed_cli(["scenario", "run", "decode", "--layers", 61, "--fabric", "message",
+                                              "--json"], tmp_path)
+    (step,) = json.loads(out)["tables"]["decode step"]
     print(f"\nDeepSeek-R1 decode, 61 layers, EP320, message-level fabric: {full['events']:,} events in "
           f"{full['wall_s']:.1f} s wall ({full['events'] / full['wall_s'] / 1e6:.2f} M events/s), peak "
           f"{full['peak_gb']:.2f} GB with the HDF5 written (budget {BUDGET_S:.0f} s, {BUDGET_GB:.0f} GB); "
-          f"simulated {full['sim_us']:,.1f} us")
+          f"simulated {full['sim_us']:,.1f} us. The scenario end to end: {scenario_s:.1f} s, peak {scenario_gb:.2f} GB")
     assert full["events"] > 0
+    assert abs(step["step_time_us"] - full["sim_us"]) <= 0.1
