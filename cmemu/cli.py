@@ -174,7 +174,7 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
 @reports_errors
 def topo(system, overrides, as_json):
     """Print the wiring of a system: dies, CPUs, switch chips, links, L2 ports, bisection."""
-    from cmemu.run import DEFAULT_SYSTEM
+    from cmemu.spec import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.topology import build_topology
 
@@ -327,7 +327,7 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
     import json
 
     from cmemu.output.atomic import atomic_open, check_output
-    from cmemu.run import DEFAULT_SYSTEM
+    from cmemu.spec import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
 

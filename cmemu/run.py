@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -21,11 +20,10 @@ from cmemu.errors import CmemuError, DieFailedError, SimulationError, Unroutable
 from cmemu.faults import parse_failures
 from cmemu.lower import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
 from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
-from cmemu.spec import SystemSpec, load_system
+from cmemu.spec import DEFAULT_SYSTEM, SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
-from cmemu.units import ns_to_ps
+from cmemu.units import default_memory_limit, format_bytes, ns_to_ps
 
-DEFAULT_SYSTEM = "cloudmatrix384"
 DEFAULT_LINK_BIN_NS = 10_000  # per-link counters in bins of 10 us (0 turns them off)
 # /tasks: the die model's busy intervals per COMP op and pipe (cmemu run --pipe-intervals), and the
 # most rows they may take in all (about 33 B each; the limit per op is halved until they fit).
@@ -91,50 +89,6 @@ MAX_BIN_NS = CLOCK_LIMIT_PS / 1000
 
 class MemoryLimitError(CmemuError):
     """A run would need more memory than --max-memory allows."""
-
-
-def parse_memory_size(text: str) -> int:
-    """Bytes from a size such as ``2GB``, ``512MiB``, ``1.5 GiB`` or ``1000000`` (bytes).
-
-    Decimal (kB, MB, GB, TB) and binary (KiB, MiB, GiB, TiB) units; a lower-case ``b`` would
-    mean bits, which cmemu never uses for memory, so it is refused.
-    """
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    s = str(text).strip()
-    num = s.rstrip("bBkKmMgGtTiI ")
-    unit = s[len(num):].strip()
-    if unit.endswith("b"):
-        raise ValueError(f"{text!r}: 'b' means bits; write memory sizes in bytes, e.g. 2GB or 512MiB")
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit.upper() not in units or not value >= 0 or value == float("inf"):
-        raise ValueError(f"{text!r} is not a memory size; write e.g. 2GB, 512MiB or 1000000 (bytes)")
-    return int(value * units[unit.upper()])
-
-
-def default_memory_limit() -> int:
-    """Three quarters of physical memory, or of the cgroup's limit when that is lower."""
-    try:
-        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        limit = 8 * 2**30
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                limit = min(limit, int(f.read().strip()))
-        except (OSError, ValueError):
-            continue
-    return limit * 3 // 4
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclass(frozen=True)

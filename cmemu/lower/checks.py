@@ -52,7 +52,7 @@ def collective_problem(attrs: dict, die, members: int, limit_bytes: int | None) 
         need = moe_routing_bytes(attrs["cmemu.tokens"], attrs["cmemu.top_k"], attrs.get("cmemu.experts", members),
                                  members)
         if need > limit_bytes:
-            from cmemu.run import format_bytes
+            from cmemu.units import format_bytes
 
             field = "cmemu.experts" if attrs.get("cmemu.experts", members) > attrs["cmemu.tokens"] else "cmemu.tokens"
             return field, (f"routing {attrs['cmemu.tokens']:,} tokens to the top {attrs['cmemu.top_k']:,} of "

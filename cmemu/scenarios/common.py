@@ -12,9 +12,10 @@ import json
 import click
 
 from cmemu.errors import CmemuError
+from cmemu.spec.load import DEFAULT_SYSTEM
 
 
-def scenario_command(name: str, default_system: str = "cloudmatrix384"):
+def scenario_command(name: str, default_system: str = DEFAULT_SYSTEM):
     """Decorate ``fn(spec, **options) -> (parameters, rows)``: rows is a list of dicts (one
     table) or a dict of table title -> list of dicts (several tables)."""
 
@@ -45,14 +46,14 @@ def scenario_command(name: str, default_system: str = "cloudmatrix384"):
 
 
 class MemorySize(click.ParamType):
-    """A memory size on the command line: 2GB, 512MiB or bytes (cmemu.run.parse_memory_size)."""
+    """A memory size on the command line: 2GB, 512MiB or bytes (cmemu.units.parse_memory_size)."""
 
     name = "SIZE"
 
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        from cmemu.run import parse_memory_size
+        from cmemu.units import parse_memory_size
 
         try:
             return parse_memory_size(value)

@@ -435,7 +435,7 @@ class _Checker:
 
             system = next(p.default for p in load_command(target).params if p.name == "system")
         if kind == "generator" and system is None:
-            from cmemu.run import DEFAULT_SYSTEM  # what `cmemu trace gen` uses without --system
+            from cmemu.spec import DEFAULT_SYSTEM  # what `cmemu trace gen` uses without --system
 
             system = DEFAULT_SYSTEM
         config = {"cmemu_version": __version__, "kind": kind}

@@ -115,7 +115,7 @@ def _check_routing(tokens: int, top_k: int, experts: int, members: int, option: 
     run` would allow)."""
     from cmemu.errors import CmemuError
     from cmemu.lower.checks import moe_routing_bytes
-    from cmemu.run import default_memory_limit, format_bytes
+    from cmemu.units import default_memory_limit, format_bytes
 
     need, limit = moe_routing_bytes(tokens, top_k, experts, members), default_memory_limit()
     if need > limit:
