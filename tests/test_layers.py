@@ -27,7 +27,6 @@ PACKAGE = REPO / "cmemu"
 KNOWN_UPWARD = {
     "cmemu.lower -> cmemu.output.schema",
     "cmemu.lower.collectives -> cmemu.output.schema",
-    "cmemu.output.report -> cmemu.scenarios.common",
     "cmemu.scenarios.common -> cmemu.cli",
     "cmemu.sweep.plan -> cmemu.cli",
     "cmemu.trace.deepseek -> cmemu.lower.collectives",
