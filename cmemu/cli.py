@@ -1,89 +1,15 @@
 """The ``cmemu`` command line. Every CmemuError becomes one line on stderr and exit status 2."""
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import click
 
+from cmemu.clihelpers import EXIT_INPUT_ERROR, MemorySize, interrupted_exit, one_line, reports_errors
 from cmemu.errors import CmemuError
-from cmemu.scenarios.common import MemorySize
-
-EXIT_INPUT_ERROR = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report a command stopped by kill or timeout
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (kill, timeout, batch schedulers), raised where Python runs signal handlers, so
-    that it unwinds and cleans up exactly as Ctrl-C does (a KeyboardInterrupt, not an Exception:
-    no ``except Exception`` takes it for an error)."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM raises Terminated for the block (in the main thread, where handlers run; not
-    where SIGTERM was set to be ignored), then is handled as before."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def interrupted_exit(exc: KeyboardInterrupt, message: str) -> None:
-    """One line ``cmemu: interrupted; MESSAGE`` (``terminated`` for SIGTERM), exit 130 or 143."""
-    term = isinstance(exc, Terminated)
-    click.echo(f"cmemu: {'terminated' if term else 'interrupted'}; {message}", err=True)
-    sys.exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED)
-
-
-def _one_line(message: str) -> str:
-    return " ".join(str(message).splitlines())
-
-
-def _fail(message: str) -> None:
-    click.echo(f"cmemu: error: {_one_line(message)}", err=True)
-    sys.exit(EXIT_INPUT_ERROR)
-
-
-def reports_errors(fn):
-    """Turn CmemuError (bad trace, bad preset, blocked run, unwritable output) into one line and
-    exit status 2, and Ctrl-C (SIGTERM) into one line and exit status 130 (143). Output files
-    are only ever renamed into place when complete (cmemu.output.atomic), so an interrupted
-    command leaves none; the line names any it had renamed into place before the interrupt."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from cmemu.output.atomic import COMMITTED
-
-        before = len(COMMITTED)
-        try:
-            with sigterm_as_interrupt():
-                return fn(*args, **kwargs)
-        except CmemuError as exc:
-            _fail(str(exc))
-        except KeyboardInterrupt as exc:
-            written = COMMITTED[before:]
-            interrupted_exit(exc, f"wrote {', '.join(map(str, written))} before it" if written
-                             else "no output written")
-
-    return wrapper
-
 
 def _system_options(fn):
     fn = click.option(
@@ -275,7 +201,7 @@ def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fai
                            link_bin_ns=link_bin_ns, fail=fail, fabric_model=fabric_model)
     except TraceError as exc:
         problems = getattr(exc, "problems", None) or [exc]
-        sys.stderr.write("".join(f"{_one_line(e)}\n" for e in problems))
+        sys.stderr.write("".join(f"{one_line(e)}\n" for e in problems))
         sys.exit(EXIT_INPUT_ERROR)
     nodes = prep.trace.nodes
     messages = sum(1 for node in nodes if node.type == "COMM_SEND")

@@ -11,6 +11,7 @@ import json
 
 import click
 
+from cmemu.clihelpers import MemorySize, reports_errors
 from cmemu.errors import CmemuError
 from cmemu.output.table import format_table
 from cmemu.spec.load import DEFAULT_SYSTEM
@@ -29,7 +30,6 @@ def scenario_command(name: str, default_system: str = DEFAULT_SYSTEM):
         @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
         @functools.wraps(fn)
         def command(system, overrides, as_json, **options):
-            from cmemu.cli import reports_errors
             from cmemu.spec import load_system
 
             @reports_errors
@@ -44,22 +44,6 @@ def scenario_command(name: str, default_system: str = DEFAULT_SYSTEM):
         return command
 
     return wrap
-
-
-class MemorySize(click.ParamType):
-    """A memory size on the command line: 2GB, 512MiB or bytes (cmemu.units.parse_memory_size)."""
-
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from cmemu.units import parse_memory_size
-
-        try:
-            return parse_memory_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 def run_options(fn):
