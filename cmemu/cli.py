@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from cmemu.clihelpers import EXIT_INPUT_ERROR, MemorySize, interrupted_exit, one_line, reports_errors
+from cmemu.clihelpers import EXIT_INPUT_ERROR, interrupted_exit, one_line, reports_errors
 from cmemu.errors import CmemuError
+from cmemu.options import DEFAULT_SYSTEM, RUN_OPTIONS
 
 def _system_options(fn):
     fn = click.option(
@@ -34,30 +35,15 @@ def main():
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="HDF5 timeline to write [default: TRACE's name with .h5, in the current folder].")
 @_system_options
-@click.option("--engine", type=click.Choice(["native", "reference"]), default="native", show_default=True,
-              help="The Cython kernel, or its pure-Python reference (slow; for checking).")
+@RUN_OPTIONS["engine"].option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress line and no summary.")
-@click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
-              help="Fail early instead of swapping if the run would need more, e.g. 2GB, 512MiB "
-                   "[default: 3/4 of physical memory].")
-@click.option("--compression", type=click.Choice(["gzip", "lzf", "none"]), default="gzip", show_default=True,
-              help="Timeline compression: gzip (with shuffle; smallest), lzf (faster), none.")
-@click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
-              help="What the timeline records: ops; ops and pipe/engine tasks; packets: tasks and every "
-                   "packet on every link (/packets; small runs only: a warning above 1 M records, refused "
-                   "above 50 M or past --max-memory).")
-@click.option("--link-bin-ns", type=click.FloatRange(min=0), default=10_000, show_default=True,
-              help="Width of the time bins of the per-link byte and busy-time counters, in ns (0: off).")
-@click.option("--fail", multiple=True, metavar="PART",
-              help="Take a part out of service: link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID (repeatable).")
-@click.option("--pipe-intervals", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Most busy intervals per COMP op and pipe in /tasks (the die model's tile schedule merged; "
-                   "fewer when a big run would pass 4 million rows).")
-@click.option("--fabric", "fabric_model", type=click.Choice(["packet", "message"]), default="packet",
-              show_default=True,
-              help="Fabric model. packet: every packet on every link. message: a write packet's whole path is "
-                   "reserved when it is issued, in each link's idle time, with no events of its own (many times "
-                   "faster on big MoE steps; no credit flow control; see docs/model.md); reads stay packets.")
+@RUN_OPTIONS["max_memory"].option()
+@RUN_OPTIONS["compression"].option()
+@RUN_OPTIONS["detail"].option()
+@RUN_OPTIONS["link_bin_ns"].option()
+@RUN_OPTIONS["fail"].option()
+@RUN_OPTIONS["pipe_intervals"].option()
+@RUN_OPTIONS["fabric_model"].option()
 @reports_errors
 def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
         pipe_intervals, fabric_model):
@@ -100,7 +86,6 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
 @reports_errors
 def topo(system, overrides, as_json):
     """Print the wiring of a system: dies, CPUs, switch chips, links, L2 ports, bisection."""
-    from cmemu.spec import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.topology import build_topology
 
@@ -175,15 +160,12 @@ def trace():
               help="Check ranks against this preset [default: the trace's system, else cloudmatrix384].")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
               help="Override a spec field, as for `cmemu run` (repeatable).")
-@click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
-              help="The memory limit `cmemu run --max-memory` would have [default: 3/4 of physical memory].")
-@click.option("--link-bin-ns", type=float, default=10_000, show_default=True,
-              help="As for `cmemu run` (the binned series' memory depends on it).")
-@click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
-              help="As for `cmemu run`.")
-@click.option("--fail", multiple=True, metavar="PART", help="As for `cmemu run` (repeatable).")
-@click.option("--fabric", "fabric_model", type=click.Choice(["packet", "message"]), default="packet",
-              show_default=True, help="As for `cmemu run`.")
+@RUN_OPTIONS["max_memory"].option(
+    help="The memory limit `cmemu run --max-memory` would have [default: 3/4 of physical memory].")
+@RUN_OPTIONS["link_bin_ns"].option(type=float, help="As for `cmemu run` (the binned series' memory depends on it).")
+@RUN_OPTIONS["detail"].option(help="As for `cmemu run`.")
+@RUN_OPTIONS["fail"].option(help="As for `cmemu run` (repeatable).")
+@RUN_OPTIONS["fabric_model"].option(help="As for `cmemu run`.")
 @reports_errors
 def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fail, fabric_model):
     """Check TRACE as `cmemu run` would before it simulates: every problem, one line each.
@@ -253,7 +235,6 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
     import json
 
     from cmemu.output.atomic import atomic_open, check_output
-    from cmemu.spec import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
 

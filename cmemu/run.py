@@ -20,14 +20,13 @@ from cmemu.errors import CmemuError, DieFailedError, SimulationError, Unroutable
 from cmemu.faults import parse_failures
 from cmemu.lower import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
 from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
+from cmemu.options import DEFAULT_COMPRESSION, DEFAULT_DETAIL, DEFAULT_FABRIC, DEFAULT_LINK_BIN_NS, DEFAULT_PIPE_INTERVALS
 from cmemu.spec import DEFAULT_SYSTEM, SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
 from cmemu.units import default_memory_limit, format_bytes, ns_to_ps
 
-DEFAULT_LINK_BIN_NS = 10_000  # per-link counters in bins of 10 us (0 turns them off)
-# /tasks: the die model's busy intervals per COMP op and pipe (cmemu run --pipe-intervals), and the
-# most rows they may take in all (about 33 B each; the limit per op is halved until they fit).
-DEFAULT_PIPE_INTERVALS = 16
+# /tasks: the most rows the die model's busy intervals (DEFAULT_PIPE_INTERVALS per COMP op and pipe)
+# may take in all (about 33 B each; the limit per op is halved until they fit).
 MAX_PIPE_TASK_ROWS = 4_000_000
 EVENTS_PER_SLICE = 1 << 20
 PROGRESS_AFTER_S = 2.0
@@ -153,7 +152,7 @@ def _intervals_of(die, attrs: dict, pipe_intervals: int) -> int:
 
 
 def estimate_memory(trace, topo: Topology, native: bool = True,
-                    pipe_intervals: int = DEFAULT_PIPE_INTERVALS, detail: str = "tasks") -> MemoryEstimate:
+                    pipe_intervals: int = DEFAULT_PIPE_INTERVALS, detail: str = DEFAULT_DETAIL) -> MemoryEstimate:
     """Peak memory of replaying a loaded trace, from its counts of ops, dependencies and messages.
 
     Packets do not scale it: the engine makes them as it injects them, and each endpoint has at
@@ -618,13 +617,13 @@ def run_trace(
     native: bool = True,
     progress: bool | Progress = True,
     max_memory_bytes: int | None = None,
-    compression: str = "gzip",
-    detail: str = "tasks",
+    compression: str = DEFAULT_COMPRESSION,
+    detail: str = DEFAULT_DETAIL,
     link_bin_ns: float = DEFAULT_LINK_BIN_NS,
     spec: SystemSpec | None = None,
     fail=(),
     pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
-    fabric_model: str = "packet",
+    fabric_model: str = DEFAULT_FABRIC,
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
 
@@ -681,9 +680,9 @@ class PreparedRun:
 
 
 def prepare_run(trace_path, system: str | None = None, overrides=(), native: bool = True,
-                max_memory_bytes: int | None = None, detail: str = "tasks", link_bin_ns: float = DEFAULT_LINK_BIN_NS,
+                max_memory_bytes: int | None = None, detail: str = DEFAULT_DETAIL, link_bin_ns: float = DEFAULT_LINK_BIN_NS,
                 spec: SystemSpec | None = None, fail=(), pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
-                fabric_model: str = "packet") -> PreparedRun:
+                fabric_model: str = DEFAULT_FABRIC) -> PreparedRun:
     """Everything ``run_trace`` checks and builds before simulating, for ``cmemu run`` and
     ``cmemu trace validate`` alike: the options, the memory the file takes to read, the trace
     (with the system's checks of each node: cores, op sizes, MoE routing), the run's memory

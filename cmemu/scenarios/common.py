@@ -11,8 +11,9 @@ import json
 
 import click
 
-from cmemu.clihelpers import MemorySize, reports_errors
+from cmemu.clihelpers import reports_errors
 from cmemu.errors import CmemuError
+from cmemu.options import RUN_OPTIONS
 from cmemu.output.table import format_table
 from cmemu.spec.load import DEFAULT_SYSTEM
 
@@ -48,12 +49,10 @@ def scenario_command(name: str, default_system: str = DEFAULT_SYSTEM):
 
 def run_options(fn):
     """--fabric and --max-memory, as `cmemu run` has them, for the scenarios that replay a step."""
-    fn = click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
-                      help="Fail early instead of swapping if the run would need more, e.g. 24GB "
-                           "[default: 3/4 of physical memory].")(fn)
-    return click.option("--fabric", type=click.Choice(["packet", "message"]), default="packet", show_default=True,
-                        help="Fabric model (as `cmemu run --fabric`): message is several times faster on big EP "
-                             "steps.")(fn)
+    fn = RUN_OPTIONS["max_memory"].option(
+        help="Fail early instead of swapping if the run would need more, e.g. 24GB [default: 3/4 of physical memory].")(fn)
+    return RUN_OPTIONS["fabric_model"].option(
+        "--fabric", help="Fabric model (as `cmemu run --fabric`): message is several times faster on big EP steps.")(fn)
 
 
 def emit(name: str, system: str, parameters: dict, rows, as_json: bool) -> None:

@@ -36,6 +36,7 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
+from cmemu.options import RUN_OPTIONS
 from cmemu.lower.collectives import dispatch_payload_byte, moe_routing
 from cmemu.scenarios.common import scenario_command, trace_doc
 
@@ -206,8 +207,7 @@ def _command(name, combine):
     @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True,
                   help="Zipf exponent of expert popularity (0: uniform).")
     @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-    @click.option("--fabric", type=click.Choice(["packet", "message"]), default="packet", show_default=True,
-                  help="Fabric model (as `cmemu run --fabric`).")
+    @RUN_OPTIONS["fabric_model"].option("--fabric", help="Fabric model (as `cmemu run --fabric`).")
     def command(spec, ep, tokens, top_k, hidden, experts, engine, kernel, cores, skew, seed, fabric):
         try:
             eps = [int(x) for x in str(ep).split(",") if x.strip()]

@@ -184,9 +184,9 @@ class _Checker:
                 self.fail("scenario", f"scenario '{target}' cannot be loaded: {exc}")
             skip = {"system", "overrides", "as_json"}
             return {p.name: p for p in params if p.name not in skip}
-        from cmemu.cli import run as run_command
+        from cmemu.options import RUN_OPTIONS
 
-        allowed = {p.name: p for p in run_command.params if p.name in TRACE_OPTIONS}
+        allowed = {name: o.param() for name, o in RUN_OPTIONS.items() if name in TRACE_OPTIONS}
         if kind == "generator":
             # The generator's own options, then those of the run of what it generated.
             for p in generator_commands()[target].params:
