@@ -232,11 +232,10 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
                        micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
                        output):
     """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
-    import json
-
     from cmemu.output.atomic import atomic_open, check_output
     from cmemu.spec import load_system
     from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
+    from cmemu.trace.writer import write_trace
 
     check_output(output)  # before the work: a target that cannot be written should not cost it
     spec = load_system(system or DEFAULT_SYSTEM, overrides)
@@ -254,14 +253,7 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
         doc = decode_trace(cfg, spec.name, spec.dies)
         what = f"{cfg.tokens_per_die} tokens/die"
     with atomic_open(output, "w", encoding="utf-8") as f:
-        if output.suffix == ".jsonl":
-            f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"}) + "\n")
-            for node in doc["nodes"]:
-                f.write(json.dumps(node, separators=(",", ":")) + "\n")
-        else:
-            f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"})[:-1] + ', "nodes": [\n')
-            f.write(",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]))
-            f.write("\n]}\n")
+        write_trace(doc, f, jsonl=output.suffix == ".jsonl")
     click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}")
 
 

@@ -103,15 +103,16 @@ def check_positive(name: str, value) -> None:
 
 def run_doc(doc: dict, spec, **options):
     """Run a trace document (a dict, as in docs/trace-format.md) on a resolved spec."""
-    import json
     import tempfile
     from pathlib import Path
 
     from cmemu.run import run_trace
+    from cmemu.trace.writer import write_trace
 
     with tempfile.TemporaryDirectory(prefix="cmemu-scenario-") as tmp:
         path = Path(tmp) / "scenario.json"
-        path.write_text(json.dumps(doc))
+        with path.open("w", encoding="utf-8") as f:
+            write_trace(doc, f)
         return run_trace(path, spec=spec, progress=False, link_bin_ns=0, **options)
 
 

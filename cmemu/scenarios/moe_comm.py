@@ -28,7 +28,6 @@ weighted sums after the last send).
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -75,10 +74,12 @@ def run_collectives(doc: dict, spec, fabric_model: str = "packet"):
     from cmemu.run import check_clock_range, simulate
     from cmemu.topology import build_topology
     from cmemu.trace.ir import load_trace
+    from cmemu.trace.writer import write_trace
 
     with tempfile.TemporaryDirectory(prefix="cmemu-scenario-") as tmp:
         path = Path(tmp) / "scenario.json"
-        path.write_text(json.dumps(doc))
+        with path.open("w", encoding="utf-8") as f:
+            write_trace(doc, f)
         trace = load_trace(path, spec.dies)
     topo = build_topology(spec)
     lowered = lower(trace, topo)
