@@ -10,6 +10,7 @@ import click
 
 from cmemu.clihelpers import EXIT_INPUT_ERROR, interrupted_exit, one_line, reports_errors
 from cmemu.errors import CmemuError
+from cmemu.generators import GENERATORS
 from cmemu.options import DEFAULT_SYSTEM, RUN_OPTIONS
 
 def _system_options(fn):
@@ -195,66 +196,33 @@ def trace_gen():
     """Generate traces of model workloads."""
 
 
-@trace_gen.command("deepseek-r1")
-@click.option("--phase", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True,
-              help="Step to generate.")
-@_system_options
-@click.option("--ep", type=click.IntRange(min=2), default=None,
-              help="EP degree [default: decode 320, or all dies if fewer; prefill 32].")
-@click.option("--tokens-per-die", type=click.IntRange(min=1), default=96, show_default=True,
-              help="Decode: tokens each die processes per step, speculative ones included.")
-@click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True)
-@click.option("--prompt-len", type=click.IntRange(min=1), default=4096, show_default=True,
-              help="Prefill: tokens per prompt.")
-@click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Prefill: requests per step (a multiple of micro-batches x EP / attn-tp).")
-@click.option("--attn-tp", type=click.IntRange(min=2), default=8, show_default=True,
-              help="Prefill: dies that split one request's attention heads (SP -> TP -> SP).")
-@click.option("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-              help="Prefill: EMS context-cache reuse rate (share of each prompt's KV fetched, not recomputed).")
-@click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
-@click.option("--mtp/--no-mtp", default=True, show_default=True)
-@click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
-@click.option("--int8/--bf16", default=True, show_default=True, help="Weights and activations of the matmuls.")
-@click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default=None,
-              help="MoE dispatch/combine engine [default: aiv for decode, sdma for prefill].")
-@click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Zipf exponent of expert popularity (0: uniform).")
-@click.option("--layers", type=click.IntRange(1, 61), default=61, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--lm-head-tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Decode: dies that share the LM head's vocabulary (all-gather of the hidden states, then "
-                   "an all-to-all of the logits); 1: each die holds the whole head.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Trace file to write (.json, or .jsonl for one node per line).")
-@reports_errors
-def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse,
-                       micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
-                       output):
-    """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
-    from cmemu.output.atomic import atomic_open, check_output
-    from cmemu.spec import load_system
-    from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
-    from cmemu.trace.writer import write_trace
+def _generator_command(gen):
+    """The `cmemu trace gen NAME` command of a generator of cmemu.generators."""
 
-    check_output(output)  # before the work: a target that cannot be written should not cost it
-    spec = load_system(system or DEFAULT_SYSTEM, overrides)
-    if phase == "prefill":
-        cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
-                            micro_batches=int(micro_batches), int8=int8, reuse=reuse,
-                            dispatch_engine=dispatch_engine or "sdma", skew=skew, layers=layers, seed=seed)
-        doc = prefill_trace(cfg, spec.name, spec.dies)
-        what = f"{cfg.requests} request(s) x {cfg.prompt_len} tokens"
-    else:
-        cfg = DecodeConfig(ep=ep or min(320, spec.dies), tokens_per_die=tokens_per_die, kv_len=kv_len,
-                           micro_batches=int(micro_batches), mtp=mtp, mtp_acceptance=mtp_acceptance, int8=int8,
-                           dispatch_engine=dispatch_engine or "aiv", skew=skew, layers=layers, seed=seed,
-                           lm_head_tp=lm_head_tp)
-        doc = decode_trace(cfg, spec.name, spec.dies)
-        what = f"{cfg.tokens_per_die} tokens/die"
-    with atomic_open(output, "w", encoding="utf-8") as f:
-        write_trace(doc, f, jsonl=output.suffix == ".jsonl")
-    click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}")
+    @reports_errors
+    def command(system, overrides, output, **options):
+        from cmemu.output.atomic import atomic_open, check_output
+        from cmemu.spec import load_system
+        from cmemu.trace.writer import write_trace
+
+        check_output(output)  # before the work: a target that cannot be written should not cost it
+        doc, what = gen.build(load_system(system or DEFAULT_SYSTEM, overrides), **options)
+        with atomic_open(output, "w", encoding="utf-8") as f:
+            write_trace(doc, f, jsonl=output.suffix == ".jsonl")
+        click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {what}")
+
+    command.__doc__ = gen.help
+    command = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+                           help="Trace file to write (.json, or .jsonl for one node per line).")(command)
+    for i, option in reversed(list(enumerate(gen.options))):
+        command = option.option()(command)
+        if i == gen.system_options_at:
+            command = _system_options(command)
+    return click.command(gen.name)(command)
+
+
+for _gen in GENERATORS.values():
+    trace_gen.add_command(_generator_command(_gen))
 
 
 @main.command()
