@@ -103,7 +103,7 @@ class MemoryEstimate:
     live_packets: int
     packet_records: int = 0  # --detail packets: transmissions of a packet on a link (estimated)
     records_bytes: int = 0  # what those records take in memory
-    routing_bytes: int = 0  # the MoE collectives' token routing (cmemu.lower.checks.moe_routing_bytes)
+    routing_bytes: int = 0  # the MoE collectives' token routing (cmemu.workload.moe.moe_routing_bytes)
     series_rows: int = 0  # rows of the binned series the traffic fills at the least (series_lower_bound)
     series_bytes: int = 0  # what they take
 
@@ -162,7 +162,7 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     packet stand for them. With ``detail="packets"`` the engine also keeps a record of every
     packet on every link it crosses (PACKET_RECORD_LINKS per packet, PACKET_RECORD_BYTES each).
     """
-    from cmemu.lower.checks import moe_routing_bytes
+    from cmemu.workload.moe import moe_routing_bytes
     from cmemu.lower.collectives import ub_chunk_byte
 
     spec = topo.spec

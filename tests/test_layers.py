@@ -27,8 +27,6 @@ PACKAGE = REPO / "cmemu"
 KNOWN_UPWARD = {
     "cmemu.lower -> cmemu.output.schema",
     "cmemu.lower.collectives -> cmemu.output.schema",
-    "cmemu.trace.deepseek -> cmemu.lower.collectives",
-    "cmemu.trace.deepseek -> cmemu.lower.checks",
 }
 
 
