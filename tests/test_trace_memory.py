@@ -2,7 +2,6 @@
 read back: the scenarios hand their generated steps to the run that way (issue 20)."""
 import copy
 import hashlib
-import json
 
 import h5py
 import numpy as np
@@ -16,6 +15,7 @@ from cmemu.scenarios.prefill import prefill_metrics
 from cmemu.spec import load_system
 from cmemu.trace import TraceDocument, read_document
 from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
+from cmemu.trace.writer import write_trace
 
 MINI = load_system("mini")
 DECODE = DecodeConfig(ep=4, tokens_per_die=8, kv_len=256, layers=2)
@@ -25,10 +25,10 @@ NOT_FIGURES = ("spec", "topology", "trace", "lowered", "wall_time_s")
 
 
 def _write(tmp_path, doc):
-    """The document as `cmemu trace gen` writes a .json (one node per line)."""
+    """The document as `cmemu trace gen` writes a .json."""
     path = tmp_path / "step.json"
-    path.write_text(json.dumps({k: v for k, v in doc.items() if k != "nodes"})[:-1] + ', "nodes": [\n'
-                    + ",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]) + "\n]}\n")
+    with path.open("w", encoding="utf-8") as f:
+        write_trace(doc, f)
     return path
 
 
@@ -82,16 +82,15 @@ def test_the_run_takes_the_document_over():
         run_trace(source, spec=MINI, progress=False, link_bin_ns=0)
 
 
-def test_timeline_of_a_document_records_its_json_hash(tmp_path):
+def test_timeline_of_a_document_records_the_hash_of_its_file(tmp_path):
+    """The digest of the file `cmemu trace gen` would write: the same as that file's run records."""
     doc = decode_trace(DECODE, MINI.name, MINI.dies)
-    digest = hashlib.sha256(json.dumps(doc).encode()).hexdigest()
-    run_trace(TraceDocument(copy.deepcopy(doc), "<step>"), spec=MINI, progress=False, output=tmp_path / "m.h5")
     path = _write(tmp_path, doc)
+    run_trace(TraceDocument(copy.deepcopy(doc), "<step>"), spec=MINI, progress=False, output=tmp_path / "m.h5")
     run_trace(read_document(path), spec=MINI, progress=False, output=tmp_path / "f.h5")
     with h5py.File(tmp_path / "m.h5") as m, h5py.File(tmp_path / "f.h5") as f:
-        assert m.attrs["trace_sha256"] == digest and m.attrs["trace_path"] == "<step>"
-        assert f.attrs["trace_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-        assert f.attrs["trace_path"] == str(path)
+        assert m.attrs["trace_sha256"] == f.attrs["trace_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert m.attrs["trace_path"] == "<step>" and f.attrs["trace_path"] == str(path)
         assert np.array_equal(m["ops"]["end_ps"][:], f["ops"]["end_ps"][:])
 
 

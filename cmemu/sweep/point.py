@@ -65,25 +65,20 @@ def _run_trace(config: dict, trace_path: str, folder: str):
 
 
 def _run_generator(config: dict, folder: str):
-    """Generate the point's trace with the `cmemu trace gen` command (the function behind it,
-    so that its errors stay exceptions), replay it, and delete it: config.json says how to make
-    it again, and a generated trace can be far larger than its timeline."""
-    import contextlib
-    import io
-    from pathlib import Path
+    """Generate the point's trace (cmemu.generators, as `cmemu trace gen` does) and replay it in
+    memory (cmemu.trace.TraceDocument: no file; config.json says how to make it again, and a
+    generated trace can be far larger than its timeline)."""
+    from cmemu.generators import GENERATORS
+    from cmemu.spec import load_system
+    from cmemu.sweep.plan import TRACE_OPTIONS
+    from cmemu.trace import TraceDocument
 
-    from cmemu.sweep.plan import TRACE_OPTIONS, generator_commands
-
-    command = generator_commands()[config["generator"]]
-    generate = getattr(command.callback, "__wrapped__", command.callback)  # inside reports_errors
     options = {k: v for k, v in config["options"].items() if k not in TRACE_OPTIONS}
-    trace = Path(folder) / GENERATED_TRACE_NAME
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # its "wrote ..." line
-            generate(system=config["system"], overrides=tuple(_overrides(config)), output=trace, **options)
-        parameters, tables = _replay(config, trace, folder)
-    finally:
-        trace.unlink(missing_ok=True)
+    doc, _what = GENERATORS[config["generator"]].build(load_system(config["system"], tuple(_overrides(config))),
+                                                       **options)
+    source = TraceDocument(doc, GENERATED_TRACE_NAME)
+    del doc  # the run frees it once checked
+    parameters, tables = _replay(config, source, folder)
     return {**parameters, "generator": config["generator"]}, tables
 
 

@@ -287,9 +287,19 @@ class TraceDocument:
 
     @property
     def sha256(self) -> str:
-        """The file's sha256; a generated document's is that of its JSON (``json.dumps``)."""
+        """The file's sha256; a generated document's is that of the file `cmemu trace gen` would
+        write of it (cmemu.trace.writer: the same digest as the run of that file records)."""
         if self._sha256 is None:
-            self._sha256 = hashlib.sha256(json.dumps(self.doc).encode()).hexdigest()
+            from cmemu.trace.writer import write_trace
+
+            digest = hashlib.sha256()
+
+            class _Hashing:
+                def write(self, text):
+                    digest.update(text.encode())
+
+            write_trace(self.doc, _Hashing())
+            self._sha256 = digest.hexdigest()
         return self._sha256
 
     def take(self) -> tuple[dict, str]:
