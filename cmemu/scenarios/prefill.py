@@ -118,7 +118,8 @@ def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: in
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @run_options
 @click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
-              help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61).")
+              help="Layers to simulate (below 61, TTFT and tokens/s are also extrapolated to 61; the whole step, "
+                   "61, takes about a minute with --fabric message).")
 def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew, fabric,
             max_memory, layers):
     """DeepSeek-R1 prefill step (CloudMatrix-Infer, EP32, SP -> TP -> SP attention): TTFT, per-layer
