@@ -326,7 +326,7 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
     """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
     import json
 
-    from cmemu.output.atomic import atomic_open, check_output
+    from cmemu.output.atomic import check_output
     from cmemu.run import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
@@ -346,6 +346,14 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
                            lm_head_tp=lm_head_tp)
         doc = decode_trace(cfg, spec.name, spec.dies)
         what = f"{cfg.tokens_per_die} tokens/die"
+    _write_trace_doc(doc, output)
+    click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}")
+
+
+def _write_trace_doc(doc: dict, output: Path) -> None:
+    """A generated trace document as JSON (one node a line) or JSONL, renamed into place whole."""
+    from cmemu.output.atomic import atomic_open
+
     with atomic_open(output, "w", encoding="utf-8") as f:
         if output.suffix == ".jsonl":
             f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"}) + "\n")
@@ -355,7 +363,112 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
             f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"})[:-1] + ', "nodes": [\n')
             f.write(",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]))
             f.write("\n]}\n")
-    click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}")
+
+
+@trace_gen.command("model")
+@click.argument("model_name", metavar="NAME|CONFIG.json")
+@click.option("--phase", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True,
+              help="Step to generate.")
+@_system_options
+@click.option("--ep", type=click.IntRange(min=2), default=None,
+              help="EP degree (dies; a dense model's data-parallel dies) [default: decode 320, or all dies if "
+                   "fewer; prefill 32].")
+@click.option("--experts-per-die", type=click.IntRange(min=1), default=None,
+              help="Expert slots per die (routed experts, shared-expert copies, redundant copies) [default: enough "
+                   "for every routed expert, and the shared one if it is placed in the EP group].")
+@click.option("--shared-expert", type=click.Choice(["ep", "local"]), default="ep", show_default=True,
+              help="ep: copies of the shared expert among the EP ranks, drawn as one more destination of the "
+                   "routing (CloudMatrix-Infer); local: each die runs it on its own tokens.")
+@click.option("--tokens-per-die", type=click.IntRange(min=1), default=96, show_default=True,
+              help="Decode: tokens each die processes per step, speculative ones included.")
+@click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Decode: cached positions per request.")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Prefill: tokens per prompt.")
+@click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Prefill: requests per step (a multiple of micro-batches x EP / attn-tp).")
+@click.option("--attn-tp", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Prefill: dies that split one request's attention heads (SP -> TP -> SP).")
+@click.option("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Prefill: EMS context-cache reuse rate (share of each prompt's KV fetched, not recomputed).")
+@click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
+@click.option("--attn-aic", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Decode: AIC of the attention stream (each with two AIV).")
+@click.option("--moe-aic", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Decode: AIC of the FFN/MoE stream (each with two AIV).")
+@click.option("--mtp/--no-mtp", default=None,
+              help="Decode: multi-token prediction (two tokens per request per step) [default: on if the model "
+                   "has an MTP module].")
+@click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
+@click.option("--weights", "weight_dtype", type=click.Choice(["int8", "bf16"]), default="int8", show_default=True,
+              help="Weights and activations of the matmuls (attention stays bf16).")
+@click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default=None,
+              help="MoE dispatch/combine engine [default: aiv for decode, sdma for prefill].")
+@click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Zipf exponent of expert popularity (0: uniform).")
+@click.option("--layers", type=click.IntRange(min=1), default=None, help="Layers [default: all the model's].")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--lm-head-tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Decode: dies that share the LM head's vocabulary; 1: each die holds the whole head.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Trace file to write (.json, or .jsonl for one node per line).")
+@reports_errors
+def trace_gen_model(model_name, phase, system, overrides, ep, experts_per_die, shared_expert, tokens_per_die, kv_len,
+                    prompt_len, requests, attn_tp, reuse, micro_batches, attn_aic, moe_aic, mtp, mtp_acceptance,
+                    weight_dtype, dispatch_engine, skew, layers, seed, lm_head_tp, output):
+    """One decode or prefill step of any model: a shipped one by NAME (`cmemu models`) or the
+    Hugging Face CONFIG.json of any other, in a deployment given by the options
+    (cmemu/models/step.py)."""
+    from cmemu.models.description import load_model
+    from cmemu.models.step import model_step_from_options
+    from cmemu.output.atomic import check_output
+    from cmemu.run import DEFAULT_SYSTEM
+    from cmemu.spec import load_system
+
+    check_output(output)
+    spec = load_system(system or DEFAULT_SYSTEM, overrides)
+    model = load_model(model_name)
+    doc, d = model_step_from_options(
+        model, phase, spec, ep=ep, experts_per_die=experts_per_die, shared_expert=shared_expert,
+        tokens_per_die=tokens_per_die, kv_len=kv_len, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
+        reuse=reuse, micro_batches=int(micro_batches), attn_aic=attn_aic, moe_aic=moe_aic, mtp=mtp,
+        mtp_acceptance=mtp_acceptance, weight_dtype=weight_dtype, dispatch_engine=dispatch_engine, skew=skew,
+        layers=layers, seed=seed, lm_head_tp=lm_head_tp)
+    _write_trace_doc(doc, output)
+    what = f"{d.tokens_per_die} tokens/die" if phase == "decode" else f"{d.requests} request(s) x {d.prompt_len} tokens"
+    click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {model.name} {phase}, {d.layers} layer(s), EP{d.ep}, "
+               f"{d.experts_per_die} expert slot(s)/die, {what}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the descriptions and counts).")
+@reports_errors
+def models(as_json):
+    """List the shipped model descriptions (Hugging Face configs) with their parameter counts."""
+    from cmemu.models.description import format_count, load_model, shipped_models
+
+    rows = []
+    for name, entry in shipped_models().items():
+        m = load_model(name)
+        rows.append({**m.summary(), "title": entry["title"], "card": entry["card"],
+                     "card_total_params": entry["card_total_params"],
+                     "card_activated_params": entry["card_activated_params"],
+                     "card_counts_mtp": entry["card_counts_mtp"]})
+    if as_json:
+        click.echo(json.dumps({"models": rows}, indent=2))
+        return
+    click.echo(f"{'name':<17} {'attention':<10} {'layers':>6} {'experts':>12} {'params':>8} {'activated':>9} "
+               f"{'MTP':>6} {'card':>6}")
+    for r in rows:
+        attn = (f"MLA {r['query_heads']}h" if r["attention"] == "mla"
+                else f"GQA {r['query_heads']}/{r['kv_heads']}")
+        experts = (f"{r['routed_experts']}+{r['shared_experts']} top{r['experts_per_token']}" if r["routed_experts"]
+                   else "dense")
+        click.echo(f"{r['name']:<17} {attn:<10} {r['layers']:>6} {experts:>12} {format_count(r['params']):>8} "
+                   f"{format_count(r['activated_params']):>9} "
+                   f"{format_count(r['mtp_params']) if r['mtp_params'] else '-':>6} {r['card_total_params']:>6}")
+    click.echo("params: weights of the model without its MTP module (the cards' totals count none); "
+               "any other config: cmemu trace gen model CONFIG.json")
 
 
 @main.command()

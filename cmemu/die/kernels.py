@@ -34,6 +34,9 @@ VECTOR_OPS = {
     "softmax": (1, 1, 7),
     # cast, abs, max-reduce, scale, cast fp32 -> fp16 -> int8 (per-token scale written too)
     "quant_int8": (1, 0, 6),
+    # FlashDecoding combine, over each split's partial output and softmax max and sum (fp32):
+    # scale by the split's weight, add into the sum (the output's write is the caller's; assumed)
+    "flash_combine": (1, 0, 2),
 }
 
 

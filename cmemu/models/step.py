@@ -542,3 +542,54 @@ def prefill_step(model: ModelDescription, d: PrefillDeployment, system: str, die
         "cmemu.generator": generator or {"name": "model", "model": model.name, "phase": "prefill", **asdict(d)},
         "nodes": doc.nodes,
     }
+
+
+# --- from command-line options ---------------------------------------------------------------------
+
+
+def default_experts_per_die(model: ModelDescription, ep: int, shared_expert: str) -> int:
+    """Slots per die enough for every routed expert (and one copy of the shared expert when it
+    is placed in the EP group): no die holds two experts where EP allows one each."""
+    if not model.moe:
+        return 1
+    return -(-(model.routed_experts + (1 if model.shared_experts and shared_expert == "ep" else 0)) // ep)
+
+
+def decode_deployment_from_options(model: ModelDescription, dies: int, ep=None, experts_per_die=None,
+                                   shared_expert="ep", mtp=None, layers=None, dispatch_engine=None,
+                                   **options) -> DecodeDeployment:
+    """A decode deployment with the command line's defaults: EP 320 (or every die if fewer),
+    slots for every expert, MTP if the model has it, every layer, AIV dispatch."""
+    ep = ep or min(320, dies)
+    return DecodeDeployment(
+        ep=ep, experts_per_die=experts_per_die or default_experts_per_die(model, ep, shared_expert),
+        shared_expert=shared_expert, mtp=bool(model.mtp_layers) if mtp is None else mtp,
+        layers=layers or model.layers, dispatch_engine=dispatch_engine or "aiv", **options)
+
+
+def prefill_deployment_from_options(model: ModelDescription, ep=None, experts_per_die=None, shared_expert="ep",
+                                    layers=None, dispatch_engine=None, **options) -> PrefillDeployment:
+    """A prefill deployment with the command line's defaults: EP 32, slots for every expert,
+    every layer, SDMA dispatch."""
+    ep = ep or 32
+    return PrefillDeployment(
+        ep=ep, experts_per_die=experts_per_die or default_experts_per_die(model, ep, shared_expert),
+        shared_expert=shared_expert, layers=layers or model.layers, dispatch_engine=dispatch_engine or "sdma",
+        **options)
+
+
+DECODE_OPTIONS = ("tokens_per_die", "kv_len", "micro_batches", "mtp_acceptance", "weight_dtype", "skew", "seed",
+                  "lm_head_tp", "attn_aic", "moe_aic")
+PREFILL_OPTIONS = ("prompt_len", "requests", "attn_tp", "micro_batches", "weight_dtype", "reuse", "skew", "seed")
+
+
+def model_step_from_options(model: ModelDescription, phase: str, spec, **options):
+    """(trace document, deployment) of `cmemu trace gen model`'s options (those of the other
+    phase are ignored)."""
+    common = {k: options[k] for k in ("ep", "experts_per_die", "shared_expert", "layers", "dispatch_engine")}
+    if phase == "decode":
+        d = decode_deployment_from_options(model, spec.dies, mtp=options["mtp"], **common,
+                                           **{k: options[k] for k in DECODE_OPTIONS})
+        return decode_step(model, d, spec.name, spec.dies), d
+    d = prefill_deployment_from_options(model, **common, **{k: options[k] for k in PREFILL_OPTIONS})
+    return prefill_step(model, d, spec.name, spec.dies), d
