@@ -7,9 +7,8 @@ running output; software-pipelined; Numba kernels, with their pure-Python refere
 head; their blocks go through the L2 model (``l2.lru_miss_byte``) as objects of one K/V head's
 block, so the query heads of a group that share a K/V head read it from HBM once.
 
-Decode (``gqa_attention_cost``), as CANN's FusedInferAttentionScore lays out its non-MLA
-templates (read for this model, not copied: hicann/ops-transformer,
-``attention/fused_infer_attention_score``, the IFA/FIA GQA tiling): a work item is one request
+Decode (``gqa_attention_cost``), laid out the way CANN's FusedInferAttentionScore is described
+to for its non-MLA templates (assumed: their source was not read for this model): a work item is one request
 and one K/V head, with the ``heads / kv_heads`` query heads of that K/V head and the request's
 ``queries_per_request`` query tokens (MTP: 2) on one M axis (tiles of at most 128 rows); each
 item visits the K/V blocks of the request's ``kv_len`` cached positions. When there are fewer

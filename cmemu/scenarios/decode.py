@@ -16,8 +16,9 @@ Reports, from the simulated timeline (nothing is taken from the paper):
   attention, output projection), stream 1 their MoE part (gate, dispatch, expert MLP, combine);
   a layer takes at least the busier stream's total, which bounds it.
 ``--micro-batches 1,2`` runs both and reports the throughput gain of two micro-batches over one.
-With fewer than 61 layers (``--layers``), the step and TPOT are also given extrapolated to the
-full model from the simulated per-layer time, and marked so.
+With fewer than the model's layers (``--layers``; 61 for DeepSeek-R1), the step and TPOT are also
+given extrapolated to the full model from the simulated per-layer time, and marked so (the keys
+name the model's layer count, and again ``all_layers`` for sweeps over models).
 ``--tpot-slo MS`` searches the largest tokens per die whose TPOT meets the SLO (bisection over
 simulated runs).
 """
@@ -176,6 +177,9 @@ def decode_metrics(cfg: DecodeConfig, result, model=None) -> dict:
         out[f"tpot_{n}_layers_extrapolated_ms"] = round(full_ps / 1e9 / accepted, 3)
         out[f"tokens_per_s_per_npu_{n}_layers_extrapolated"] = round(
             2 * cfg.requests_per_die * accepted / (full_ps / 1e12), 1)
+        # The same under names that do not depend on the model (sweeps over models).
+        out["tpot_all_layers_extrapolated_ms"] = out[f"tpot_{n}_layers_extrapolated_ms"]
+        out["tokens_per_s_per_npu_all_layers_extrapolated"] = out[f"tokens_per_s_per_npu_{n}_layers_extrapolated"]
     return out, per_class, stream_busy(cfg, result, model)
 
 
