@@ -387,8 +387,10 @@ def _write_trace_doc(doc: dict, output: Path) -> None:
               help="Prefill: tokens per prompt.")
 @click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
               help="Prefill: requests per step (a multiple of micro-batches x EP / attn-tp).")
-@click.option("--attn-tp", type=click.IntRange(min=2), default=8, show_default=True,
-              help="Prefill: dies that split one request's attention heads (SP -> TP -> SP).")
+@click.option("--attn-tp", type=click.IntRange(min=1), default=None,
+              help="Dies that split the attention heads: prefill's SP -> TP -> SP (at least 2) [default 8]; decode's "
+                   "tensor-parallel attention and dense FFN, all-reduced, the MoE on each die's own tokens [default 1: "
+                   "data-parallel].")
 @click.option("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Prefill: EMS context-cache reuse rate (share of each prompt's KV fetched, not recomputed).")
 @click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)

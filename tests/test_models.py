@@ -214,3 +214,28 @@ def test_the_tiny_model_runs_and_the_scenarios_take_it(tmp_path):
                                   layers=2, fabric="message")
     step = tables["prefill step"][0]
     assert step["ttft_ms"] > 0 and step["ttft_3_layers_extrapolated_ms"] > step["ttft_ms"]
+
+
+def test_decode_attention_tensor_parallel_shapes_by_hand():
+    m = read_config(TINY)
+    d = DecodeDeployment(ep=4, tokens_per_die=6, kv_len=100, micro_batches=2, experts_per_die=2, layers=3, attn_tp=2)
+    doc = decode_step(m, d, "mini", 32)
+    assert doc["groups"]["tp0"] == [0, 1] and doc["groups"]["tp1"] == [2, 3]
+    a = {k: v["attrs"] for k, v in _nodes(doc).items()}
+    # A group of 2 dies serves its 2 x 3 tokens per micro-batch; each die has 2 of the 4 query
+    # heads and 1 of the 2 K/V heads: q/k/v (2 + 2 x 1) x 16 values.
+    assert (a["qkv_proj"]["cmemu.m"], a["qkv_proj"]["cmemu.n"]) == (6, 64)
+    att = a["attention"]
+    assert (att["cmemu.tokens"], att["cmemu.heads"], att["cmemu.kv_heads"]) == (6, 2, 1)
+    assert (a["o_proj"]["cmemu.m"], a["o_proj"]["cmemu.k"]) == (6, 32)  # a partial sum of the 2 heads
+    assert (a["attn_reduce"]["comm_type"], a["attn_reduce"]["cmemu.group"], a["attn_reduce"]["comm_size"]) == \
+        ("ALL_REDUCE", "tp0", 6 * 64 * 2)
+    # The MoE on the die's own 3 tokens, gathered back over the group after the combine.
+    assert a["gate"]["cmemu.m"] == 3 and a["dispatch"]["cmemu.tokens"] == 3
+    assert (a["moe_gather"]["comm_type"], a["moe_gather"]["comm_size"]) == ("ALL_GATHER", 3 * 64 * 2)
+    # The dense layer: the FFN's 96 split over the 2 dies, all-reduced.
+    f = {k: v["attrs"] for k, v in _nodes(doc, layer="L0.mb0").items()}
+    assert (f["ffn_up"]["cmemu.m"], f["ffn_up"]["cmemu.n"], f["ffn_down"]["cmemu.k"]) == (6, 96, 48)
+    assert f["ffn_reduce"]["comm_size"] == 6 * 64 * 2
+    with pytest.raises(CmemuError, match="--attn-tp 3"):
+        decode_step(m, DecodeDeployment(ep=6, attn_tp=3, tokens_per_die=6), "mini", 32)

@@ -144,6 +144,7 @@ class DecodeDeployment:
     shared_expert: str = "ep"
     attn_aic: int = 16
     moe_aic: int = 8
+    attn_tp: int = 1
 
     def check(self, model: ModelDescription, dies: int) -> None:
         _check_common(model, self, dies)
@@ -157,6 +158,15 @@ class DecodeDeployment:
             raise CmemuError(f"--mtp: {model.name} has no MTP module (num_nextn_predict_layers 0); use --no-mtp")
         if self.attn_aic < 1 or self.moe_aic < 1:
             raise CmemuError(f"--attn-aic and --moe-aic must be at least 1, got {self.attn_aic} and {self.moe_aic}")
+        tp, heads, kv = self.attn_tp, model.query_heads, model.kv_heads
+        if tp < 1 or self.ep % tp or heads % tp:
+            raise CmemuError(f"--attn-tp {tp}: must be at least 1 and divide both the EP degree ({self.ep}) and the "
+                             f"{heads} heads")
+        if model.attention == "gqa" and ((tp < kv and kv % tp) or (tp > kv and tp % kv)):
+            raise CmemuError(f"--attn-tp {tp}: must divide the {kv} K/V heads, or be a multiple of them")
+        if tp > 1 and self.lm_head_tp > 1:
+            raise CmemuError("--lm-head-tp with --attn-tp above 1 is not modelled (the LM head runs on each die's "
+                             "share of its group's tokens)")
 
     def dense_layers(self, model: ModelDescription) -> int:
         return dense_layers_of(model, self.layers)
@@ -172,11 +182,13 @@ class DecodeDeployment:
 
 
 def _decode_attention(doc: _Doc, model: ModelDescription, d: DecodeDeployment, r, tag, t, prev, wdt):
-    """Stream 0 of one layer and micro-batch on die ``r``: its last node."""
+    """Stream 0 of one layer and micro-batch on die ``r`` (``t`` tokens: its attention-TP
+    group's; the die's share of the heads): its last node, the output projection's partial sum
+    when ``attn_tp`` > 1."""
     aic, aiv = d.attn_aic, 2 * d.attn_aic
     comp = doc.comp
     a = comp(r, 0, f"{tag}.rmsnorm_in", "rmsnorm", aiv, [prev], rows=t, cols=model.hidden_values)
-    H = model.query_heads
+    H = model.query_heads // d.attn_tp
     if model.attention == "mla":
         qk = model.qk_nope_values + model.qk_rope_values
         if model.q_lora_values:
@@ -202,7 +214,7 @@ def _decode_attention(doc: _Doc, model: ModelDescription, d: DecodeDeployment, r
                  k=model.kv_lora_values, groups=H, dtype="bf16")
         return comp(r, 0, f"{tag}.o_proj", "gemm", aic, [a], m=t, n=model.hidden_values,
                     k=H * model.v_head_values, dtype=wdt)
-    hd, kv = model.head_values, model.kv_heads
+    hd, kv = model.head_values, _gqa_heads_per_die(model, d.attn_tp)[1]
     a = comp(r, 0, f"{tag}.qkv_proj", "gemm", aic, [a], m=t, n=(H + 2 * kv) * hd, k=model.hidden_values, dtype=wdt)
     if model.qk_norm:
         a = comp(r, 0, f"{tag}.rmsnorm_qk", "rmsnorm", aiv, [a], rows=t * (H + kv), cols=hd)
@@ -259,17 +271,32 @@ def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies:
     last = {}  # (rank, mb) -> id of the micro-batch's last node so far
     n_layers = d.layers + (1 if d.mtp else 0)
     H = model.hidden_values
+    # Attention TP (attn_tp > 1): a group of attn_tp dies serves its dies' tokens together; each
+    # die computes its share of the heads (and of a dense FFN) for all of them, the partial sums
+    # are all-reduced, and a MoE layer runs on each die's own tokens, all-gathered back after
+    # the combine.
+    tp = d.attn_tp
+    grp = {r: f"tp{r // tp}" for r in ranks}
+
+    def reduce(r, stream, name, rows, dep):
+        return add(r, stream, name, "COMM_COLL", {"comm_type": "ALL_REDUCE", "cmemu.group": grp[r],
+                                                  "comm_size": rows * H * 2}, [dep])
+
     for layer in range(n_layers):
         dense = layer < dense_layers or not model.moe
         tag = f"L{layer}" if layer < d.layers else "MTP"
         for mb, t in enumerate(mb_tokens):
             for r in ranks:
-                a = _decode_attention(doc, model, d, r, f"{tag}.mb{mb}", t, last.get((r, mb)), wdt)
+                a = _decode_attention(doc, model, d, r, f"{tag}.mb{mb}", t * tp, last.get((r, mb)), wdt)
+                if tp > 1:
+                    a = reduce(r, 0, f"{tag}.mb{mb}.attn_reduce", t * tp, a)
                 # Stream 1: FFN (dense) or MoE.
-                f = comp(r, 1, f"{tag}.mb{mb}.rmsnorm_ffn", "rmsnorm", moe_aiv, [a], rows=t, cols=H)
+                f = comp(r, 1, f"{tag}.mb{mb}.rmsnorm_ffn", "rmsnorm", moe_aiv, [a], rows=t * tp if dense else t,
+                         cols=H)
                 if dense:
-                    last[(r, mb)] = _ffn(doc, r, 1, f"{tag}.mb{mb}", model.dense_ffn_values, H, t, f, moe_aic, moe_aiv,
-                                         wdt)
+                    f = _ffn(doc, r, 1, f"{tag}.mb{mb}", model.dense_ffn_values // tp, H, t * tp, f, moe_aic, moe_aiv,
+                             wdt)
+                    last[(r, mb)] = reduce(r, 1, f"{tag}.mb{mb}.ffn_reduce", t * tp, f) if tp > 1 else f
                 else:
                     g = comp(r, 1, f"{tag}.mb{mb}.gate", "gemm", moe_aic, [f], m=t, n=model.routed_experts, k=H,
                              dtype="bf16")
@@ -290,6 +317,11 @@ def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies:
                 last[(r, mb)] = add(r, 1, f"{tag}.mb{mb}.combine", "COMM_COLL",
                                     {"comm_type": "MOE_COMBINE", "cmemu.engine": d.dispatch_engine, **moe},
                                     [mlp[r]])
+            if tp > 1:
+                for r in ranks:
+                    last[(r, mb)] = add(r, 1, f"{tag}.mb{mb}.moe_gather", "COMM_COLL",
+                                        {"comm_type": "ALL_GATHER", "cmemu.group": grp[r], "comm_size": t * H * 2},
+                                        [last[(r, mb)]])
     # Sampling: the LM head and a softmax over the vocabulary, per micro-batch. Replicated
     # (lm_head_tp 1): each die multiplies its own tokens by the whole head. Sharded over groups of
     # lm_head_tp dies: the group's hidden states are all-gathered, each die multiplies them by its
@@ -301,6 +333,8 @@ def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies:
     if tp > 1:
         groups.update({f"lm{g}": ranks[g * tp:(g + 1) * tp] for g in range(d.ep // tp)})
     aic, aiv = d.attn_aic, 2 * d.attn_aic
+    if d.attn_tp > 1:
+        groups.update({f"tp{g}": ranks[g * d.attn_tp:(g + 1) * d.attn_tp] for g in range(d.ep // d.attn_tp)})
     for mb, t in enumerate(mb_tokens):
         for r in ranks:
             if tp == 1:
@@ -579,14 +613,16 @@ def prefill_deployment_from_options(model: ModelDescription, ep=None, experts_pe
 
 
 DECODE_OPTIONS = ("tokens_per_die", "kv_len", "micro_batches", "mtp_acceptance", "weight_dtype", "skew", "seed",
-                  "lm_head_tp", "attn_aic", "moe_aic")
+                  "lm_head_tp", "attn_aic", "moe_aic", "attn_tp")
 PREFILL_OPTIONS = ("prompt_len", "requests", "attn_tp", "micro_batches", "weight_dtype", "reuse", "skew", "seed")
 
 
 def model_step_from_options(model: ModelDescription, phase: str, spec, **options):
     """(trace document, deployment) of `cmemu trace gen model`'s options (those of the other
-    phase are ignored)."""
+    phase are ignored; ``attn_tp`` None: 1 in decode, 8 in prefill)."""
     common = {k: options[k] for k in ("ep", "experts_per_die", "shared_expert", "layers", "dispatch_engine")}
+    if options.get("attn_tp") is None:  # decode: data-parallel attention; prefill: CloudMatrix-Infer's TP8
+        options = {**options, "attn_tp": 1 if phase == "decode" else 8}
     if phase == "decode":
         d = decode_deployment_from_options(model, spec.dies, mtp=options["mtp"], **common,
                                            **{k: options[k] for k in DECODE_OPTIONS})

@@ -42,6 +42,7 @@ CLASSES = (
     ("combine", ("combine",)),
     ("sampling", ("lm_head", "softmax")),
     ("shared_expert", ("shared_ffn_up", "shared_swiglu", "shared_ffn_down")),
+    ("tp_collectives", ("attn_reduce", "ffn_reduce", "moe_gather")),
 )
 # A GQA model's attention prologue: input RMSNorm, fused q/k/v projection, q/k norms, RoPE.
 GQA_CLASSES = tuple(("attn_prolog", ("rmsnorm_in", "qkv_proj", "rmsnorm_qk", "rope")) if cls == "mla_prolog"
@@ -155,7 +156,7 @@ def decode_metrics(cfg: DecodeConfig, result, model=None) -> dict:
             if rank[i] == 0 and n.endswith(f".mb{mb_last}.{leaf}")]  # MoE layers, the MTP one too
     layer_ps = int(np.diff(ends).mean()) if len(ends) >= 2 else None
     exposed = []
-    is_comm = np.isin(classes, ["dispatch", "combine"])
+    is_comm = np.isin(classes, ["dispatch", "combine", "tp_collectives"])
     for r in range(dies):
         mine = rank == r
         comm = _union(start[mine & is_comm], end[mine & is_comm])
@@ -210,6 +211,9 @@ def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int 
 @click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
 @click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default="aiv", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--attn-tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --model: dies that split the attention heads and a dense FFN (all-reduced; the MoE runs on "
+                   "each die's own tokens); 1: data-parallel attention, as CloudMatrix-Infer's.")
 @click.option("--lm-head-tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Dies sharing the LM head's vocabulary (all-gather, then all-to-all of the logits); 1: every "
                    "die holds the whole head (the default, as CloudMatrix-Infer's DP decode).")
@@ -218,8 +222,8 @@ def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int 
               help="Layers to simulate (the step and TPOT are also extrapolated to all the model's).")
 @click.option("--tpot-slo", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MS",
               help="Find the largest tokens per die whose (extrapolated) TPOT meets this SLO.")
-def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew, lm_head_tp,
-            fabric, max_memory, layers, tpot_slo):
+def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew,
+            attn_tp, lm_head_tp, fabric, max_memory, layers, tpot_slo):
     """A decode step (DeepSeek-R1 in CloudMatrix-Infer, or --model): step time, per-layer time,
     TPOT, tokens/s per NPU, busy time per stream and micro-batch, time by op class, exposed
     communication; --micro-batches 1,2 gives the gain of two; --tpot-slo finds the largest batch
@@ -244,14 +248,18 @@ def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mt
                        mtp_acceptance=mtp_acceptance, dispatch_engine=dispatch_engine, skew=skew, layers=layers,
                        lm_head_tp=lm_head_tp)
         if preset:
+            if attn_tp != 1:
+                raise CmemuError("--attn-tp: the deepseek-r1 preset is CloudMatrix-Infer's data-parallel attention; "
+                                 "give the path of its config (cmemu/models/configs/deepseek-r1.json) as --model "
+                                 "to deploy it otherwise")
             return DecodeConfig(**options)
         from cmemu.models.step import decode_deployment_from_options
 
-        return decode_deployment_from_options(model, spec.dies, **options)
+        return decode_deployment_from_options(model, spec.dies, attn_tp=attn_tp, **options)
 
     params = {"model": model_name, "ep": ep, "kv_len": kv_len, "micro_batches": ",".join(map(str, mbs)), "mtp": mtp,
               "mtp_acceptance": mtp_acceptance, "dispatch_engine": dispatch_engine, "lm_head_tp": lm_head_tp,
-              "layers": layers, "fabric": fabric}
+              "attn_tp": attn_tp, "layers": layers, "fabric": fabric}
     if tpot_slo is None:
         steps, classes, streams = [], [], []
         for mb in mbs:

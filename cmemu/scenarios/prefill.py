@@ -147,8 +147,8 @@ def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: in
 @run_options
 @click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Layers to simulate (TTFT and tokens/s are also extrapolated to all the model's).")
-def command(spec, model_name, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew, fabric,
-            max_memory, layers):
+def command(spec, model_name, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew,
+            fabric, max_memory, layers):
     """A prefill step (DeepSeek-R1 in CloudMatrix-Infer: EP32, SP -> TP -> SP attention; or
     --model): TTFT, per-layer time, prompt tokens/s per NPU, time by op class, exposed
     communication."""
