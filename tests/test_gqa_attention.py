@@ -40,6 +40,22 @@ def test_grouped_heads_read_their_kv_once(model):
     assert mha.duration_ps > 3 * g.duration_ps
 
 
+def test_paged_kv_costs_a_copy_per_page(model):
+    # The same K/V in 128-position pages: MTE2 loads K and V of each page apart, one start-up
+    # each. 1 request, 1 K/V head, 256 positions on one core: one block of 2 pages, 4 copies.
+    import cmemu.die.gqa as gqa
+
+    paged = gqa_attention_cost(model, 1, 256, 8, 1, 128, cores=1)
+    try:
+        gqa.PAGE_POSITIONS = 256
+        whole = gqa_attention_cost(model, 1, 256, 8, 1, 128, cores=1)
+    finally:
+        gqa.PAGE_POSITIONS = 128
+    extra = paged.pipe_busy_cycles["AIC.MTE2"] - whole.pipe_busy_cycles["AIC.MTE2"]
+    assert extra == 2 * model.die.mte2_startup_cycles  # 4 copies instead of 2
+    assert paged.hbm_read_byte == whole.hbm_read_byte
+
+
 def test_memory_bound_decode_takes_its_hbm_time(model):
     # 16 requests x 8 K/V heads (MHA) x 4096 positions: 268 MB of K/V, a few rows per item: the
     # op takes the HBM's time for its bytes (the model's achieved read rate), plus at most 10%
@@ -51,12 +67,13 @@ def test_memory_bound_decode_takes_its_hbm_time(model):
 
 
 def test_few_items_are_split_along_the_kv_length(model):
-    # One request, one K/V head: one work item for 24 cores; its K/V blocks (as many positions
-    # as L1 holds three blocks of, next to Q) go one to a core, then a combine of the partials.
+    # One request, one K/V head: one work item for 24 cores; its K/V blocks (the whole 128-position
+    # pages of as many positions as L1 holds three blocks of, next to Q) go one to a core, then a
+    # combine of the partials.
     from cmemu.die.mla import _kv_block
 
     assert decode_split(1, 8, 24) == 8 and decode_split(24, 8, 24) == 1 and decode_split(5, 8, 24) == 5
-    blocks = -(-4096 // _kv_block(model, 8, 128, 256, "bf16"))
+    blocks = -(-4096 // (_kv_block(model, 8, 128, 256, "bf16") // 128 * 128))
     one = gqa_attention_cost(model, 1, 4096, 8, 1, 128, cores=1)
     split = gqa_attention_cost(model, 1, 4096, 8, 1, 128, cores=24)
     assert [p.op for p in split.phases] == ["gqa_attention.tiles", "gqa_attention.combine"]

@@ -15,8 +15,9 @@ item visits the K/V blocks of the request's ``kv_len`` cached positions. When th
 items than cores, each item's KV length is split over ``ceil(cores / items)`` cores
 (FlashDecoding: at most one split per K/V block), and a combine phase after the tiles merges
 the splits' partial outputs with their softmax sums (one vector pass per split over the rows'
-partials, on the AIVs). Paged K/V: a K/V block of up to 512 positions spans whole pages; its load
-is timed as one copy per block (the page copies' own start-ups are not counted).
+partials, on the AIVs). Paged K/V: pages of ``PAGE_POSITIONS`` positions (assumed 128); a K/V
+block is a whole number of pages (at most 512 positions, as L1 allows) and MTE2 loads it as one
+copy per page for K and one for V, each with its start-up.
 
 Prefill (``gqa_prefill_attention_cost``): per query head, the last ``tokens`` of a causal
 sequence of ``kv_len`` positions (the earlier ones a reused prefix) in query blocks of 128 rows,
@@ -39,6 +40,9 @@ from cmemu.die.mla import PREFILL_Q_BLOCK, _combine, _kv_block, _mla_cores
 from cmemu.die.model import DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size
 
 M_TILE = 128  # query rows per decode work item at most (the cube's 128-row tile)
+# Paged K/V: positions per page (assumed, as for MLA: CloudMatrix-Infer's page size is not
+# published; 128 is one of the sizes CANN's attention allows).
+PAGE_POSITIONS = 128
 COMBINE_LSE = 2  # a split's softmax max and sum, fp32, per row
 
 
@@ -70,6 +74,8 @@ def gqa_attention_cost(model: DieModel, tokens: int, kv_len: int, heads: int, kv
     m_tiles = ceil_div(rows, m)
     ib = DTYPE_BYTES[dtype]
     blk = _kv_block(model, m, head_dim, 2 * head_dim, dtype)
+    if blk >= PAGE_POSITIONS:
+        blk = blk // PAGE_POSITIONS * PAGE_POSITIONS  # whole pages
     blocks = ceil_div(kv_len, blk)
     items = requests * kv_heads * m_tiles
     splits = decode_split(items, blocks, aic)
@@ -83,9 +89,10 @@ def gqa_attention_cost(model: DieModel, tokens: int, kv_len: int, heads: int, kv
     # Objects: one K/V head's block of one request (its M tiles read the same ones).
     item_of = np.repeat(np.arange(items, dtype=np.int64), splits)
     objs = np.repeat(item_of // m_tiles, kv_blocks) * blocks + b_of
+    copies = 2 * -(-lens // PAGE_POSITIONS)  # K and V of each page: a copy each
     cost = attention_cost(model, "gqa_attention.tiles" if splits > 1 else "gqa_attention", items * splits, kv_blocks,
                           m, head_dim, head_dim, blk, lens.astype(np.int64), False, dtype, objs, m * head_dim * ib, aic,
-                          native)
+                          native, copies.astype(np.int64))
     useful = requests * heads * queries_per_request
     # attention_cost counts its M tiles' padding rows as work and output: the useful rows only.
     cost = replace(cost, macs=useful * kv_len * 2 * head_dim,
