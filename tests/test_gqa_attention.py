@@ -67,17 +67,15 @@ def test_memory_bound_decode_takes_its_hbm_time(model):
 
 
 def test_few_items_are_split_along_the_kv_length(model):
-    # One request, one K/V head: one work item for 24 cores; its K/V blocks (the whole 128-position
-    # pages of as many positions as L1 holds three blocks of, next to Q) go one to a core, then a
-    # combine of the partials.
-    from cmemu.die.mla import _kv_block
-
-    assert decode_split(1, 8, 24) == 8 and decode_split(24, 8, 24) == 1 and decode_split(5, 8, 24) == 5
-    blocks = -(-4096 // (_kv_block(model, 8, 128, 256, "bf16") // 128 * 128))
+    # IFA's rule: cores // items splits, fewer while a split would hold under 512 positions.
+    assert decode_split(1, 4096, 24) == 8 and decode_split(24, 4096, 24) == 1
+    assert decode_split(5, 4096, 24) == 4 and decode_split(1, 600, 24) == 1
+    # One request, one K/V head: one work item for 24 cores, its 4,096 positions in 8 splits
+    # of 512 on 8 cores, then a combine of the partials.
     one = gqa_attention_cost(model, 1, 4096, 8, 1, 128, cores=1)
     split = gqa_attention_cost(model, 1, 4096, 8, 1, 128, cores=24)
     assert [p.op for p in split.phases] == ["gqa_attention.tiles", "gqa_attention.combine"]
-    assert split.phases[0].aic_cores == min(24, blocks) > 1
+    assert split.phases[0].aic_cores == 8
     assert split.phases[0].hbm_read_byte == one.hbm_read_byte  # each block still read once
     assert split.duration_ps < one.duration_ps / 2
     assert split.macs == one.macs

@@ -7,13 +7,17 @@ running output; software-pipelined; Numba kernels, with their pure-Python refere
 head; their blocks go through the L2 model (``l2.lru_miss_byte``) as objects of one K/V head's
 block, so the query heads of a group that share a K/V head read it from HBM once.
 
-Decode (``gqa_attention_cost``), laid out the way CANN's FusedInferAttentionScore is described
-to for its non-MLA templates (assumed: their source was not read for this model): a work item is one request
-and one K/V head, with the ``heads / kv_heads`` query heads of that K/V head and the request's
-``queries_per_request`` query tokens (MTP: 2) on one M axis (tiles of at most 128 rows); each
+Decode (``gqa_attention_cost``), as CANN's attention kernels lay out GQA (read for this model,
+not copied, from an ops-transformer mirror, repo-mirror-test/ops-transformer:
+``attention/common/op_kernel/arch32/fia_block_cube_nonquant_gqa.h``, whose plan loops over B x S1
+x G x S2 blocks with the query tokens and the group's heads on one M axis, and the
+IncreFlashAttention host tiling's ``IFATiling::SplitBNS``, which splits the KV length when there
+are fewer batch x K/V-head items than cores): a work item is one request and one K/V head, with
+the ``heads / kv_heads`` query heads of that K/V head and the request's ``queries_per_request``
+query tokens (MTP: 2) on one M axis (tiles of at most 128 rows: the template's L0 tile); each
 item visits the K/V blocks of the request's ``kv_len`` cached positions. When there are fewer
-items than cores, each item's KV length is split over ``ceil(cores / items)`` cores
-(FlashDecoding: at most one split per K/V block), and a combine phase after the tiles merges
+items than cores, each item's KV length is split over ``cores // items`` cores, fewer while a
+split would hold under 512 positions (``SplitBNS``), and a combine phase after the tiles merges
 the splits' partial outputs with their softmax sums (one vector pass per split over the rows'
 partials, on the AIVs). Paged K/V: pages of ``PAGE_POSITIONS`` positions (assumed 128); a K/V
 block is a whole number of pages (at most 512 positions, as L1 allows) and MTE2 loads it as one
@@ -52,10 +56,19 @@ def _check(heads: int, kv_heads: int, head_dim: int) -> None:
                          f"{kv_heads}, head_dim {head_dim}")
 
 
-def decode_split(items: int, blocks: int, cores: int) -> int:
-    """Splits of each work item's KV length: 1 when the items fill the cores, else enough to
-    fill them, at most one per K/V block."""
-    return max(1, min(blocks, ceil_div(cores, items))) if items < cores else 1
+SPLIT_MIN_POSITIONS = 512  # IFA's tiling keeps at least this many positions per split ("经验值")
+
+
+def decode_split(items: int, kv_len: int, cores: int) -> int:
+    """Splits of each work item's KV length, as IFA's tiling (IFATiling::SplitBNS) chooses them:
+    the cores each item would have, fewer while a split would hold under 512 positions; 1
+    when the items fill the cores."""
+    if items >= cores:
+        return 1
+    splits = cores // items
+    while splits > 1 and kv_len / splits < SPLIT_MIN_POSITIONS:
+        splits -= 1
+    return splits
 
 
 def gqa_attention_cost(model: DieModel, tokens: int, kv_len: int, heads: int, kv_heads: int, head_dim: int,
@@ -78,7 +91,7 @@ def gqa_attention_cost(model: DieModel, tokens: int, kv_len: int, heads: int, kv
         blk = blk // PAGE_POSITIONS * PAGE_POSITIONS  # whole pages
     blocks = ceil_div(kv_len, blk)
     items = requests * kv_heads * m_tiles
-    splits = decode_split(items, blocks, aic)
+    splits = min(decode_split(items, kv_len, aic), blocks)
     check_size("this GQA attention", items * (blocks + splits) * 64)
     # Units: (request, K/V head, M tile, split), split innermost; split s takes a contiguous run
     # of the item's blocks.
