@@ -239,3 +239,22 @@ def test_decode_attention_tensor_parallel_shapes_by_hand():
     assert f["ffn_reduce"]["comm_size"] == 6 * 64 * 2
     with pytest.raises(CmemuError, match="--attn-tp 3"):
         decode_step(m, DecodeDeployment(ep=6, attn_tp=3, tokens_per_die=6), "mini", 32)
+
+
+@pytest.mark.parametrize("preset_args, model_args", [
+    # At CloudMatrix-Infer's EP320 the generator's defaults are the preset's: 1 slot per die,
+    # the shared expert in the EP group, 16 + 8 AIC, MTP (the model has it).
+    (["--layers", "2"], ["--layers", "2"]),
+    # The preset's 10 slots per die at EP32 (8 routed, the shared one, a redundant one) are its
+    # own choice: the generator's default would be the 9 that 257 experts need.
+    (["--phase", "prefill", "--layers", "4", "--reuse", "0.25"],
+     ["--phase", "prefill", "--layers", "4", "--reuse", "0.25", "--experts-per-die", "10"]),
+])
+def test_the_preset_is_the_model_generator_with_cloudmatrix_infer_defaults(tmp_path, preset_args, model_args):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert CliRunner().invoke(main, ["trace", "gen", "deepseek-r1", *preset_args, "-o", str(a)]).exit_code == 0
+    r = CliRunner().invoke(main, ["trace", "gen", "model", "deepseek-r1", *model_args, "-o", str(b)])
+    assert r.exit_code == 0, r.output
+    da, db = json.loads(a.read_text()), json.loads(b.read_text())
+    assert da["nodes"] == db["nodes"] and da["groups"] == db["groups"]
+    assert da["cmemu.generator"]["name"] == "deepseek-r1" and db["cmemu.generator"]["name"] == "model"
