@@ -31,7 +31,7 @@ on a copy stream, attention per request runs causally over the new and reused to
 all-to-all returns each token's attention output, and the output projection and FFN or MoE
 run on the die's own tokens again. The last token of each request goes through the LM head.
 
-The generator computes the routing (``cmemu.lower.collectives.moe_routing``) to size each die's
+The generator computes the routing (``cmemu.workload.moe.moe_routing``) to size each die's
 expert GEMMs: a die's ``experts_per_die`` groups share the tokens it received evenly.
 """
 from __future__ import annotations
@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower.collectives import moe_routing
 from cmemu.models.description import ModelDescription
+from cmemu.workload.moe import moe_routing, moe_routing_bytes
 
 DTYPES = ("int8", "bf16")
 
@@ -83,8 +83,7 @@ def check_routing(tokens: int, top_k: int, experts: int, members: int, option: s
     """The generator routes the step's tokens to experts (moe_routing) to size the expert GEMMs:
     refuse, before it does, a step whose routing would not fit in memory (3/4 of it, as `cmemu
     run` would allow)."""
-    from cmemu.lower.checks import moe_routing_bytes
-    from cmemu.run import default_memory_limit, format_bytes
+    from cmemu.units import default_memory_limit, format_bytes
 
     need, limit = moe_routing_bytes(tokens, top_k, experts, members), default_memory_limit()
     if need > limit:

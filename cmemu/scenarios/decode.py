@@ -29,7 +29,8 @@ import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
-from cmemu.trace.deepseek import LAYERS, DecodeConfig, decode_trace
+from cmemu.trace.deepseek import DecodeConfig, decode_trace
+from cmemu.workload.deepseek import LAYERS
 
 CLASSES = (
     ("attention", ("attention",)),
@@ -207,7 +208,8 @@ def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int 
 @click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--micro-batches", default="2", show_default=True,
               help="1, 2, or 1,2: both, with the gain of two over one.")
-@click.option("--mtp/--no-mtp", default=None, help="Multi-token prediction [default: on if the model has it].")
+@click.option("--mtp/--no-mtp", default=True, show_default=True,
+              help="Multi-token prediction: the model's MTP module, where it has one (--model without one: off).")
 @click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
 @click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default="aiv", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
@@ -233,8 +235,7 @@ def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mt
     ep = ep or min(320, spec.dies)
     preset = model_name == "deepseek-r1"
     model = None if preset else load_model(model_name)
-    if mtp is None:
-        mtp = preset or bool(model.mtp_layers)
+    mtp = bool(mtp and (preset or model.mtp_layers))
     total_layers = LAYERS if preset else model.layers
     try:
         mbs = sorted({int(x) for x in str(micro_batches).split(",") if x.strip()})

@@ -30,20 +30,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from cmemu.errors import CmemuError
+from cmemu.workload.deepseek import DENSE_LAYERS, HEADS, KV_LORA, LAYERS, QK_ROPE
 
-HIDDEN = 7168
-LAYERS = 61
-DENSE_LAYERS = 3
-DENSE_FFN = 18432
-EXPERT_FFN = 2048
-ROUTED_TOP_K = 8
-HEADS = 128
-Q_LORA = 1536
-KV_LORA = 512
-QK_NOPE = 128
-QK_ROPE = 64
-V_HEAD = 128
-VOCAB = 129280
 
 
 def _check_step(cfg, dies: int) -> None:
