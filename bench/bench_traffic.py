@@ -23,14 +23,14 @@ def test_uniform_traffic_point():
     topo = build_topology(spec)
     wire = spec.ub.flit_wire_byte(512 + spec.ub.header_write_byte)
     t = Traffic("uniform", "bernoulli", LOAD, 512, wire, spec.ub.link_rate_byte_per_s, 2_000_000, 10_000_000, 0)
-    rows = {model: run_point(topo, build_fabric(topo, model=model), t, topo.num_dies) for model in ("packet", "message")}
+    runs = {model: run_point(topo, build_fabric(topo, model=model), t, topo.num_dies) for model in ("packet", "message")}
+    rows = {model: row for model, (row, _wall) in runs.items()}
     print()
-    for model, r in rows.items():
+    for model, (r, wall) in runs.items():
         print(f"uniform {LOAD:.0%} load, 512 B, one sub-plane of cloudmatrix384 ({topo.num_dies} dies), {model} model: "
-              f"{r['packets']:,} packets, {r['events']:,} events in {r['wall_s']:.2f} s: "
-              f"{r['packets_per_s_simulated'] / 1e6:.3f} M packets/s, "
-              f"{r['packet_hops_per_s_simulated'] / 1e6:.3f} M packet-hops/s, "
-              f"{r['events'] / r['wall_s'] / 1e6:.2f} M events/s; accepted {r['accepted_load_percent']:.2f}% of "
+              f"{r['packets']:,} packets, {r['events']:,} events in {wall:.2f} s: "
+              f"{r['packets'] / wall / 1e6:.3f} M packets/s, {r['packet_hops'] / wall / 1e6:.3f} M packet-hops/s, "
+              f"{r['events'] / wall / 1e6:.2f} M events/s; accepted {r['accepted_load_percent']:.2f}% of "
               f"{r['offered_load_percent']:.2f}% offered, latency mean {r['mean_latency_ns']:,.1f} ns, "
               f"p99 {r['p99_latency_ns']:,.1f} ns")
     packet, message = rows["packet"], rows["message"]

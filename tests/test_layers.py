@@ -3,8 +3,8 @@
     base < spec < topology < workload < trace < die < lower < core < results < output < run
          < scenarios < sweep < cli
 
-base is what every layer may use (errors, units, the codes of cmemu.vocab, the package's
-``__version__``). A module may import its own layer and those below it, never one above, at the
+base is what every layer may use (errors, units, the codes of cmemu.vocab, the kernels' njit of
+cmemu.kernels, the package's ``__version__``). A module may import its own layer and those below it, never one above, at the
 top of the file or inside a function alike (every import statement is read, with ast; the Cython
 engine's with a regular expression). The run pipeline (cmemu.run) conducts the layers below it.
 """
@@ -19,7 +19,7 @@ from conftest import REPO
 LAYERS = ("base", "spec", "topology", "workload", "trace", "die", "lower", "core", "results", "output", "run",
           "scenarios", "sweep", "cli")
 # cmemu.X -> its layer, for the top-level modules and packages whose name is not their layer's.
-LAYER_OF = {"cmemu": "base", "errors": "base", "units": "base", "vocab": "base", "_core": "core",
+LAYER_OF = {"cmemu": "base", "errors": "base", "units": "base", "vocab": "base", "kernels": "base", "_core": "core",
             "faults": "topology", "ems": "topology", "models": "workload", "clihelpers": "run", "options": "run",
             "generators": "run"}
 PACKAGE = REPO / "cmemu"

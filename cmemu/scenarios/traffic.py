@@ -27,8 +27,8 @@ the window's length times the line rate), accepted load (the same of the packets
 the window: their data in the target's memory), the mean and 99th percentile of the latency of
 the packets created in the window (creation to delivery: the source queue, the initiator's
 start-up, the hops and the target's memory write), and whether the point is saturated:
-accepted below SATURATED_SHARE of offered; and the simulation's speed, packets and packet-hops
-(a data packet crossing one link) per second of the engine's wall time. Both fabric models
+accepted below SATURATED_SHARE of offered; and the packets, packet-hops (a data packet crossing
+one link) and events simulated. Both fabric models
 (``--fabric both``): the packet model, with credit flow control, and the message-level one
 (docs/model.md).
 """
@@ -180,8 +180,10 @@ def build_run(topo, src, dst, created, packet_byte: int):
     return lowered_from_parts(kind, dur, succ_src, succ_dst, table, op_msg=op_msg, rank=rank)
 
 
-def run_point(topo, fabric, t: Traffic, dies: int) -> dict:
-    """Simulate one offered load; its row (module docstring)."""
+def run_point(topo, fabric, t: Traffic, dies: int) -> tuple[dict, float]:
+    """Simulate one offered load: its row (module docstring) and the engine's wall time in s (not
+    in the row, which holds only what the model predicts: bench/bench_traffic.py reports the
+    simulation's speed)."""
     from cmemu.run import simulate
 
     src, dst, created, senders = generate(t, dies, topo.spec.dies_per_npu)
@@ -209,11 +211,9 @@ def run_point(topo, fabric, t: Traffic, dies: int) -> dict:
         "p99_latency_ns": round(float(np.percentile(latency, 99)), 1) if latency.size else None,
         "saturated": bool(accepted < SATURATED_SHARE * offered),
         "packets": int(src.size),
+        "packet_hops": hops,
         "events": int(engine.events),
-        "wall_s": round(wall, 3),
-        "packets_per_s_simulated": round(src.size / wall) if wall > 0 else None,
-        "packet_hops_per_s_simulated": round(hops / wall) if wall > 0 else None,
-    }
+    }, wall
 
 
 def parse_loads(text: str) -> list[float]:
@@ -313,7 +313,7 @@ def command(spec, pattern, loads, packet_size, arrival, scope, dies, incast_send
         for load in load_list:
             t = Traffic(pattern, arrival, load, size, wire, line_rate, round(warmup_us * 1e6), round(window_us * 1e6),
                         seed, incast_senders)
-            rows.append({"fabric": model, **run_point(topo, fab, t, dies)})
+            rows.append({"fabric": model, **run_point(topo, fab, t, dies)[0]})
         curves[model] = rows
     params = {"pattern": pattern, "arrival": arrival, "scope": scope, "dies": dies, "packet_byte": size,
               "wire_byte_per_packet": wire, "line_rate_gbyte_per_s": round(line_rate / 1e9, 2),
