@@ -307,7 +307,7 @@ def _op_entries(doc, path, matrix=False):
 
 
 def _groups_of(root: Path) -> dict:
-    """parallel_group_info of every profiler_metadata.json: group id -> global ranks."""
+    """parallel_group_info of every profiler_metadata.json: group id -> (its name, global ranks)."""
     groups = {}
     for path in sorted(root.rglob("profiler_metadata.json")):
         info = read_json(path)
@@ -315,7 +315,8 @@ def _groups_of(root: Path) -> dict:
         for gid, g in (pgi.items() if isinstance(pgi, dict) else ()):
             ranks = g.get("global_ranks") if isinstance(g, dict) else None
             if isinstance(ranks, list) and all(isinstance(r, int) and r >= 0 for r in ranks) and len(ranks) >= 2:
-                groups[gid] = list(ranks)
+                name = g.get("group_name")
+                groups[gid] = (name if isinstance(name, str) and name else None, list(ranks))
     return groups
 
 
@@ -470,15 +471,18 @@ class _Builder:
             by_group.setdefault(group, []).append((node, k, moved))
         groups = {}
         for gid, members in by_group.items():
-            ranks = self.group_ranks.get(gid) if gid else None
+            given, ranks = self.group_ranks.get(gid, (None, None)) if gid else (None, None)
             present = sorted({node["rank"] for node, _, _ in members})
-            if ranks is None:
-                ranks = present
+            if ranks is None:  # the ranks whose profile has an op of the group (communication.json too)
+                ranks = sorted(set(present) | {r for r, src in self.src_of.items()
+                                               if gid and any(g == gid for g, _ in src.comm.values())})
             elif not set(present) <= set(ranks):
                 raise ImportError_(members[0][1].where, f"group {gid}: ranks {present} hold its ops, "
                                    f"profiler_metadata.json gives it ranks {ranks}")
-            name = _group_name(gid, len(groups))
-            if len(ranks) < 2 or set(present) != set(ranks):
+            name = _group_name(given or gid, len(groups))
+            if name in groups:
+                name = f"{name}_{len(groups)}"
+            if len(ranks) < 2 or not set(ranks) <= set(self.src_of):
                 for node, k, _ in members:
                     self._fixed(node, k, f"collectives of a group of which fewer than two ranks, or not all of its "
                                 f"ranks ({len(ranks)}), were profiled")
@@ -509,7 +513,7 @@ class _Builder:
         """Peers from communication_matrix.json; the k-th send a -> b with the k-th receive."""
         sends, recvs = {}, {}
         for node, kind, k, group, links in msgs:
-            ranks = self.group_ranks.get(group) if group else None
+            ranks = self.group_ranks.get(group, (None, None))[1] if group else None
             peer = size = None
             for a, b in ((x, y) for x, y, _ in links):
                 ga, gb = (ranks[a], ranks[b]) if ranks and a < len(ranks) and b < len(ranks) else (a, b)
