@@ -15,6 +15,7 @@ them back, so that a cmemu trace survives the round trip whole.
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -91,10 +92,10 @@ def read_chakra(prefix: str) -> tuple[dict[int, list], dict[int, dict]]:
     pb, protolib = _chakra()
     nodes, meta = {}, {}
     for rank, path in rank_files(prefix).items():
-        with path.open("rb") as f:
-            data = f.read()
-        import io
-
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ImportError_(path, f"cannot read: {exc.strerror or exc}") from None
         stream = io.BytesIO(data)
         gm = pb.GlobalMetadata()
         try:
@@ -280,13 +281,12 @@ def import_chakra_to_file(prefix, output, spec) -> list[str]:
 def export_chakra(path, prefix, system=None, overrides=()) -> list[str]:
     """Load a cmemu trace (checked against its system) and write it as Chakra ET files."""
     _chakra()
-    from cmemu.run import DEFAULT_SYSTEM, resolve_system
+    from cmemu.run import resolve_system
     from cmemu.trace import load_trace, read_trace
 
     read = read_trace(path)
     header_system = read[0].get("system") if isinstance(read[0], dict) else None
-    spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides) \
-        if (system or header_system) else resolve_system(None, DEFAULT_SYSTEM, overrides)
+    spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
     trace = load_trace(path, num_ranks=spec.dies, read=read)
     paths = doc_to_chakra(trace, prefix)
     return [f"wrote {len(paths)} Chakra trace file(s) {Path(prefix).name}.0.et ... ({len(trace.nodes):,} nodes)"]
