@@ -336,7 +336,7 @@ def import_ascend(root, num_ranks: int, system: str | None = None, step: str | N
         _read_comm(src)
         for k in rows:
             other = by_rank_src.setdefault(k.rank, src)
-            if other is not src:
+            if other.folder != src.folder:  # one folder's tables (msprof's slices) are one profile
                 raise ImportError_(src.csv_path, f"rank {k.rank} is in {other.csv_path} too: each rank's "
                                    "profile must be given once")
         kernels += rows
