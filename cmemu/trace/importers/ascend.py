@@ -487,7 +487,9 @@ class _Builder:
                     self._fixed(node, k, f"collectives of a group of which fewer than two ranks, or not all of its "
                                 f"ranks ({len(ranks)}), were profiled")
                 continue
-            per_rank = {r: [(node, k, moved) for node, k, moved in members if node["rank"] == r] for r in ranks}
+            per_rank = {r: [] for r in ranks}
+            for member in members:
+                per_rank[member[0]["rank"]].append(member)
             counts = {r: len(v) for r, v in per_rank.items()}
             if len(set(counts.values())) > 1:
                 raise ImportError_(members[0][1].where, f"group {gid or name}: the ranks hold different numbers of "
