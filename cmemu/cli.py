@@ -325,13 +325,10 @@ def trace_import_ascend(profiler_dir, output, system, overrides, step, deps):
 def trace_import_chakra(prefix, output, system, overrides):
     """Import a Chakra execution trace: PREFIX.0.et, PREFIX.1.et, ... (one file per rank; needs cmemu[chakra])."""
     from cmemu.output.atomic import check_output
-    from cmemu.run import DEFAULT_SYSTEM
-    from cmemu.spec import load_system
     from cmemu.trace.importers.chakra import import_chakra_to_file
 
     check_output(output)
-    spec = load_system(system or DEFAULT_SYSTEM, overrides)
-    for line in import_chakra_to_file(prefix, output, spec):
+    for line in import_chakra_to_file(prefix, output, system, overrides):
         click.echo(line)
 
 

@@ -125,10 +125,11 @@ def chakra_to_doc(prefix: str, system: str | None = None) -> tuple[dict, Unmappe
     by_rank, meta = read_chakra(prefix)
     unmapped = Unmapped()
     type_name = {v: k for k, v in TYPES.items()}
-    groups = {}
+    groups, header = {}, {}
     for m in meta.values():
-        if isinstance(m.get("cmemu.groups"), str):
-            groups.update(json.loads(m["cmemu.groups"]))
+        if isinstance(m.get("cmemu.header"), dict):  # a cmemu export's header
+            header = m["cmemu.header"]
+            groups.update(header.get("groups", {}))
     all_ids = [n.id for lst in by_rank.values() for n in lst]
     unique = len(all_ids) == len(set(all_ids))
     nodes, pg_members = [], {}
@@ -172,10 +173,11 @@ def chakra_to_doc(prefix: str, system: str | None = None) -> tuple[dict, Unmappe
             nodes.append(node)
     for name, ranks in pg_members.items():
         groups.setdefault(name, sorted(ranks))
-    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns"}
+    doc = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns",
+           "description": f"imported from the Chakra execution trace {Path(prefix).name} ({len(by_rank)} rank(s))"}
+    doc.update({k: v for k, v in header.items() if k not in ("schema", "version", "time_unit", "nodes")})
     if system:
         doc["system"] = system
-    doc["description"] = f"imported from the Chakra execution trace {Path(prefix).name} ({len(by_rank)} rank(s))"
     if groups:
         doc["groups"] = groups
     doc["nodes"] = nodes
@@ -253,7 +255,6 @@ def doc_to_chakra(trace, prefix: str) -> list[Path]:
                     n.attr.append(_attr(pb, k, v))
             out.append(n)
         messages[rank] = out
-    groups = trace.header.get("groups", {})
     base = Path(prefix)
     paths = [base.parent / f"{base.name}.{rank}.et" for rank in messages]
     with atomic_files(paths, "wb", inputs=(trace.path,)) as files:
@@ -261,16 +262,20 @@ def doc_to_chakra(trace, prefix: str) -> list[Path]:
             gm = pb.GlobalMetadata(version="0.0.4")
             gm.attr.append(pb.AttributeProto(name="schema", string_val="cmemu.trace v1 (exported by cmemu)"))
             gm.attr.append(pb.AttributeProto(name="rank", uint64_val=rank))
-            if groups:
-                gm.attr.append(pb.AttributeProto(name="cmemu.groups", string_val=json.dumps(groups)))
+            gm.attr.append(_attr(pb, "cmemu.header", trace.header))  # groups, faults, system: read back
             protolib.encodeMessage(f, gm)
             for n in out:
                 protolib.encodeMessage(f, n)
     return paths
 
 
-def import_chakra_to_file(prefix, output, spec) -> list[str]:
-    doc, unmapped = chakra_to_doc(str(prefix), spec.name)
+def import_chakra_to_file(prefix, output, system=None, overrides=()) -> list[str]:
+    """Import and write; the system is ``system``, else a cmemu export's own, else the default."""
+    from cmemu.run import resolve_system
+
+    doc, unmapped = chakra_to_doc(str(prefix), system)
+    spec = resolve_system(doc.get("system"), system, overrides)
+    doc["system"] = spec.name
     check_built(doc, output, spec.dies)
     write_trace(doc, output)
     ranks = len({n["rank"] for n in doc["nodes"]})
