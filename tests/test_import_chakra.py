@@ -106,7 +106,8 @@ def test_without_mlc_chakra_a_clear_error(monkeypatch, tmp_path):
 
     from cmemu.cli import main
 
-    res = CliRunner().invoke(main, ["trace", "import", "chakra", str(DATA / "allreduce"), "-o", str(tmp_path / "t.json")])
+    out = str(tmp_path / "t.json")
+    res = CliRunner().invoke(main, ["trace", "import", "chakra", str(DATA / "allreduce"), "-o", out])
     assert res.exit_code == 2
     assert res.output.strip() == ("cmemu: error: Chakra traces need the optional extra mlc-chakra: pip install "
                                   "'cmemu[chakra]' (or pip install mlc-chakra)")

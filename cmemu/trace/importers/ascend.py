@@ -33,7 +33,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from cmemu.trace.importers.ascend_ops import die_op, parse_dtypes, parse_shapes, tensor_bytes
-from cmemu.trace.importers.common import ImportError_, Unmapped, check_built, read_json, write_trace
+from cmemu.trace.importers.common import InputFileError, Unmapped, check_built, read_json, write_trace
 
 MIB = 1 << 20  # communication.json's "Transit Size(MB)" is bytes / 1024**2 (assumed: msprof's MB)
 
@@ -118,8 +118,8 @@ class ImportResult:
         lines = [f"wrote {output}: {len(self.doc['nodes']):,} nodes ({kinds}) on {c['ranks']} rank(s) from "
                  f"{len(self.sources)} profile(s) ({'; '.join(sorted(set(self.variants)))})",
                  f"  {c['retimeable']:,} COMP with a die-model op and shape (cmemu run --retime re-times them); "
-                 f"measured time of the COMP nodes {c['comp_ns'] / 1000:,.3f} us; {self.time_deps:,} cross-stream dependencies "
-                 "from measured times"]
+                 f"measured time of the COMP nodes {c['comp_ns'] / 1000:,.3f} us; {self.time_deps:,} cross-stream "
+                 "dependencies from measured times"]
         lines += [f"  not mapped: {line}" for line in self.unmapped.lines()]
         return lines
 
@@ -129,9 +129,9 @@ def find_sources(root: Path) -> list[Source]:
     ``ASCEND_PROFILER_OUTPUT``, a ``PROF_*`` or ``mindstudio_profiler_output`` folder, or a
     folder of many). A torch_npu folder's own msprof copy (its PROF_* inside) is not read twice."""
     if not root.exists():
-        raise ImportError_(root, "no such folder")
+        raise InputFileError(root, "no such folder")
     if not root.is_dir():
-        raise ImportError_(root, "not a folder: give the profiler's output folder")
+        raise InputFileError(root, "not a folder: give the profiler's output folder")
     sources = []
     torch_folders = []
     for path in sorted(root.rglob("kernel_details.csv")):
@@ -148,7 +148,7 @@ def find_sources(root: Path) -> list[Source]:
             continue
         sources.append(Source(path, None, path.parent))
     if not sources:
-        raise ImportError_(root, "no kernel_details.csv (torch_npu) or op_summary_*.csv (msprof) under this folder")
+        raise InputFileError(root, "no kernel_details.csv (torch_npu) or op_summary_*.csv (msprof) under this folder")
     return sources
 
 
@@ -163,8 +163,9 @@ def _column_map(header: list[str], path: Path) -> tuple[dict, str]:
                 break
     for key in REQUIRED:
         if key not in where:
-            raise ImportError_(path, f"no {' or '.join(repr(n) for n in COLUMNS[key])} column: not a kernel_details.csv "
-                               "or op_summary_*.csv header this cmemu knows", 1)
+            names = " or ".join(repr(n) for n in COLUMNS[key])
+            raise InputFileError(path, f"no {names} column: not a kernel_details.csv or op_summary_*.csv header "
+                                 "this cmemu knows", 1)
     family = "kernel_details" if where["name"][1] == "Name" else "op_summary"
     label = f"{family} with '{where['start'][1]}'"
     label += ", Stream ID" if "stream" in where else ", no Stream ID"
@@ -193,7 +194,7 @@ def _number(row, where, key, path, line, integer=False):
         return value
     except InvalidOperation:
         what = "an integer >= 0" if integer else "a number"
-        raise ImportError_(path, f"{where[key][1]!r}: expected {what}, got {text!r}", line,
+        raise InputFileError(path, f"{where[key][1]!r}: expected {what}, got {text!r}", line,
                            where[key][0] + 1) from None
 
 
@@ -203,26 +204,26 @@ def read_kernels(src: Source) -> tuple[list[Kernel], str]:
     try:
         f = path.open(encoding="utf-8-sig", newline="")
     except FileNotFoundError:
-        raise ImportError_(path, "no such file") from None
+        raise InputFileError(path, "no such file") from None
     kernels = []
     with f:
         reader = csv.reader(f)
         try:
             header = next(reader, None)
             if header is None:
-                raise ImportError_(path, "empty file: no header", 1)
+                raise InputFileError(path, "empty file: no header", 1)
             where, label = _column_map(header, path)
             for row in reader:
                 line = reader.line_num
                 if not row or all(not c.strip() for c in row):
                     continue
                 if len(row) != len(header):
-                    raise ImportError_(path, f"{len(row)} fields, the header has {len(header)}", line)
+                    raise InputFileError(path, f"{len(row)} fields, the header has {len(header)}", line)
                 kernels.append(_kernel(row, where, src, path, line))
         except csv.Error as exc:
-            raise ImportError_(path, f"malformed CSV: {exc}", reader.line_num) from None
+            raise InputFileError(path, f"malformed CSV: {exc}", reader.line_num) from None
         except UnicodeDecodeError:
-            raise ImportError_(path, "not UTF-8 text", reader.line_num + 1) from None
+            raise InputFileError(path, "not UTF-8 text", reader.line_num + 1) from None
     return kernels, label
 
 
@@ -231,7 +232,7 @@ def _kernel(row, where, src, path, line) -> Kernel:
     duration = _number(row, where, "duration", path, line)
     for key, value in (("start", start), ("duration", duration)):
         if value is None or value < 0:
-            raise ImportError_(path, f"{where[key][1]!r}: expected a time >= 0, got "
+            raise InputFileError(path, f"{where[key][1]!r}: expected a time >= 0, got "
                                f"{row[where[key][0]].strip()!r}", line, where[key][0] + 1)
     start_ns = start * TIME_SCALE[where["start"][1]]
     duration_ns = float(duration * TIME_SCALE[where["duration"][1]])
@@ -284,14 +285,14 @@ def _read_comm(src: Source) -> None:
 
 def _mb(value, path, key) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ImportError_(path, f"{key}: 'Transit Size(MB)' must be a number >= 0, got {value!r}")
+        raise InputFileError(path, f"{key}: 'Transit Size(MB)' must be a number >= 0, got {value!r}")
     return float(value)
 
 
 def _op_entries(doc, path, matrix=False):
     """(key, value) of every op entry, at any depth (step -> collective/p2p -> op@group)."""
     if not isinstance(doc, dict):
-        raise ImportError_(path, f"the top level must be an object, got {type(doc).__name__}")
+        raise InputFileError(path, f"the top level must be an object, got {type(doc).__name__}")
     stack = [doc]
     while stack:
         d = stack.pop()
@@ -337,22 +338,21 @@ def import_ascend(root, num_ranks: int, system: str | None = None, step: str | N
         for k in rows:
             other = by_rank_src.setdefault(k.rank, src)
             if other.folder != src.folder:  # one folder's tables (msprof's slices) are one profile
-                raise ImportError_(src.csv_path, f"rank {k.rank} is in {other.csv_path} too: each rank's "
+                raise InputFileError(src.csv_path, f"rank {k.rank} is in {other.csv_path} too: each rank's "
                                    "profile must be given once")
         kernels += rows
     if step is not None:
         kernels = [k for k in kernels if k.step == step]
         if not kernels:
-            raise ImportError_(root, f"no kernel of step {step!r} (the 'Step Id' column)")
+            raise InputFileError(root, f"no kernel of step {step!r} (the 'Step Id' column)")
     if not kernels:
-        raise ImportError_(root, "the kernel tables hold no rows")
+        raise InputFileError(root, "the kernel tables hold no rows")
     for k in kernels:
         if k.rank >= num_ranks:
-            raise ImportError_(k.where, f"rank {k.rank} is outside the system ({num_ranks} dies): choose a larger "
+            raise InputFileError(k.where, f"rank {k.rank} is outside the system ({num_ranks} dies): choose a larger "
                                "--system")
     group_ranks = _groups_of(root)
-    src_of = {rank: src for rank, src in by_rank_src.items()}
-    builder = _Builder(num_ranks, die_cores, group_ranks, src_of)
+    builder = _Builder(num_ranks, die_cores, group_ranks, by_rank_src)
     doc = builder.build(kernels, deps)
     doc["system"] = system
     if system is None:
@@ -477,7 +477,7 @@ class _Builder:
                 ranks = sorted(set(present) | {r for r, src in self.src_of.items()
                                                if gid and any(g == gid for g, _ in src.comm.values())})
             elif not set(present) <= set(ranks):
-                raise ImportError_(members[0][1].where, f"group {gid}: ranks {present} hold its ops, "
+                raise InputFileError(members[0][1].where, f"group {gid}: ranks {present} hold its ops, "
                                    f"profiler_metadata.json gives it ranks {ranks}")
             name = _group_name(given or gid, len(groups))
             if name in groups:
@@ -492,14 +492,14 @@ class _Builder:
                 per_rank[member[0]["rank"]].append(member)
             counts = {r: len(v) for r, v in per_rank.items()}
             if len(set(counts.values())) > 1:
-                raise ImportError_(members[0][1].where, f"group {gid or name}: the ranks hold different numbers of "
+                raise InputFileError(members[0][1].where, f"group {gid or name}: the ranks hold different numbers of "
                                    f"its collectives ({counts}): their profiles do not cover the same steps (--step)")
             groups[name] = list(ranks)
             for i in range(counts[ranks[0]]):
                 same = [per_rank[r][i] for r in ranks]
                 types = {node["attrs"]["comm_type"] for node, _, _ in same}
                 if len(types) > 1:
-                    raise ImportError_(same[0][1].where, f"group {gid or name}: its collective {i + 1} is "
+                    raise InputFileError(same[0][1].where, f"group {gid or name}: its collective {i + 1} is "
                                        f"{' on some ranks, '.join(sorted(types))} on others")
                 sizes = [_coll_size(node["attrs"]["comm_type"], k, moved, len(ranks)) for node, k, moved in same]
                 if any(s is None for s in sizes):

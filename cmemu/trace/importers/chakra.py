@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from cmemu.errors import CmemuError
-from cmemu.trace.importers.common import ImportError_, Unmapped, check_built, write_trace
+from cmemu.trace.importers.common import InputFileError, Unmapped, check_built, write_trace
 
 MISSING = ("Chakra traces need the optional extra mlc-chakra: pip install 'cmemu[chakra]' "
            "(or pip install mlc-chakra)")
@@ -55,7 +55,7 @@ def rank_files(prefix: str) -> dict[int, Path]:
             if m and path.name[:m.start()] == base.name and path.is_file():
                 files[int(m.group(1))] = path
     if not files:
-        raise ImportError_(prefix, f"no Chakra trace files {base.name}.0.et, {base.name}.1.et, ... in {folder}")
+        raise InputFileError(prefix, f"no Chakra trace files {base.name}.0.et, {base.name}.1.et, ... in {folder}")
     return dict(sorted(files.items()))
 
 
@@ -95,12 +95,12 @@ def read_chakra(prefix: str) -> tuple[dict[int, list], dict[int, dict]]:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise ImportError_(path, f"cannot read: {exc.strerror or exc}") from None
+            raise InputFileError(path, f"cannot read: {exc.strerror or exc}") from None
         stream = io.BytesIO(data)
         gm = pb.GlobalMetadata()
         try:
             if not protolib.decodeMessage(stream, gm):
-                raise ImportError_(path, "empty: a Chakra trace starts with its GlobalMetadata")
+                raise InputFileError(path, "empty: a Chakra trace starts with its GlobalMetadata")
             meta[rank] = {a.name: _value(a) for a in gm.attr}
             lst = []
             while True:
@@ -108,13 +108,13 @@ def read_chakra(prefix: str) -> tuple[dict[int, list], dict[int, dict]]:
                 at = stream.tell()
                 if not protolib.decodeMessage(stream, n):
                     if at < len(data):
-                        raise ImportError_(path, f"truncated or not a Chakra trace at byte {at}")
+                        raise InputFileError(path, f"truncated or not a Chakra trace at byte {at}")
                     break
                 lst.append(n)
         except Exception as exc:  # protobuf's DecodeError and friends
             if isinstance(exc, CmemuError):
                 raise
-            raise ImportError_(path, f"not a Chakra trace: {exc}") from None
+            raise InputFileError(path, f"not a Chakra trace: {exc}") from None
         nodes[rank] = lst
     return nodes, meta
 
@@ -147,7 +147,7 @@ def chakra_to_doc(prefix: str, system: str | None = None) -> tuple[dict, Unmappe
                 continue
             ntype = type_name.get(kind)
             if ntype is None:
-                raise ImportError_(rank_files(prefix)[rank], f"node {n.id}: node type {kind} cmemu cannot replay")
+                raise InputFileError(rank_files(prefix)[rank], f"node {n.id}: node type {kind} cmemu cannot replay")
             node = {"id": n.id + offset, "name": n.name or f"{ntype.lower()}_{n.id}", "type": ntype, "rank": rank}
             implicit = attrs.pop("cmemu.stream_dep", None)  # cmemu's stream order, written as a dependency
             deps = {"data_deps": [d for d in n.data_deps if d in known],

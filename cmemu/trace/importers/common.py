@@ -11,7 +11,7 @@ from cmemu.errors import CmemuError
 EXAMPLES = 3  # names shown per summary line
 
 
-class ImportError_(CmemuError):
+class InputFileError(CmemuError):
     """An input file cannot be imported: the message names the file, and the line and column
     where the file has them."""
 
@@ -43,20 +43,20 @@ class Unmapped:
 
 
 def read_json(path: Path):
-    """A JSON file's value; a missing or malformed file is an ImportError_ naming line and column."""
+    """A JSON file's value; a missing or malformed file is an InputFileError naming line and column."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise ImportError_(path, "no such file") from None
+        raise InputFileError(path, "no such file") from None
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[:exc.start].count(b"\n") + 1
-        raise ImportError_(path, "not UTF-8 text", line) from None
+        raise InputFileError(path, "not UTF-8 text", line) from None
     except OSError as exc:
-        raise ImportError_(path, f"cannot read: {exc.strerror or exc}") from None
+        raise InputFileError(path, f"cannot read: {exc.strerror or exc}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ImportError_(path, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
+        raise InputFileError(path, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
 
 
 def write_trace(doc: dict, output) -> None:
