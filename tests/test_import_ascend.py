@@ -297,3 +297,18 @@ def test_cli_import_and_retime(tmp_path):
     assert "retime: 3 of 3 measured ops with a shape re-timed by the die model" in res.output
     res = CliRunner().invoke(main, ["trace", "import", "ascend", str(tmp_path / "none"), "-o", str(out)])
     assert res.exit_code == 2 and res.output.strip().endswith("none: no such folder")
+
+
+def test_send_and_receive_peers_from_the_hccl_tasks_of_the_timeline(tmp_path):
+    root, _ = _copy(tmp_path, "torch_npu_2ranks")
+    for path in root.rglob("communication_matrix.json"):
+        path.unlink()
+    nodes = import_ascend(root, MINI.dies).doc["nodes"]
+    # rank 0's Memcpy of 262144 B to rank 1 inside hcom_send; rank 1's Notify_Wait on rank 0 inside hcom_receive
+    assert nodes[5]["attrs"] == {"comm_dst": 1, "comm_size": 262144}
+    assert nodes[9]["attrs"] == {"comm_src": 0, "comm_size": 262144}
+    for path in root.rglob("trace_view.json"):
+        path.unlink()
+    r = import_ascend(root, MINI.dies)
+    assert [n["type"] for n in r.doc["nodes"]][5] == "COMP"
+    assert any(line.startswith("sends without a peer") for line in r.unmapped.lines())

@@ -101,6 +101,21 @@ class Source:
     folder: Path  # where communication.json and the others are looked for
     comm: dict = field(default_factory=dict)  # op name -> (group, bytes moved)
     peers: dict = field(default_factory=dict)  # op name -> [(src, dst, bytes)]
+    tasks: list | None = None  # HCCL tasks of the timeline JSON (task_links), read when first needed
+
+    def task_links(self, k: "Kernel") -> list:
+        """[(src, dst, bytes)] of the HCCL tasks (Memcpy, Notify_Record, Notify_Wait, ...) that ran
+        within the op's measured span, from the timeline beside the table (torch_npu's
+        ``trace_view.json``, msprof's ``msprof_*.json``): each task's ``src rank``, ``dst rank``
+        and ``size(Byte)``, summed per link."""
+        if self.tasks is None:
+            self.tasks = _read_tasks(self.folder)
+        start, end = k.start_ns, k.start_ns + Decimal(repr(k.duration_ns))
+        links = {}
+        for t0, t1, a, b, size in self.tasks:
+            if start <= t0 and t1 <= end:
+                links[a, b] = links.get((a, b), 0) + size
+        return [(a, b, size) for (a, b), size in links.items()]
 
 
 @dataclass
@@ -283,6 +298,35 @@ def _read_comm(src: Source) -> None:
             break
 
 
+def _read_tasks(folder: Path) -> list:
+    """(start ns, end ns, src rank, dst rank, bytes) of every HCCL task event of the Chrome trace
+    JSON beside a table (events whose args give ``src rank``, ``dst rank``; ``ts``/``dur`` in us)."""
+    paths = [folder / "trace_view.json"] + sorted(folder.glob("msprof_*.json"))
+    tasks = []
+    for path in paths:
+        if not path.is_file():
+            continue
+        doc = read_json(path)
+        events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+        if not isinstance(events, list):
+            raise InputFileError(path, "not a Chrome trace: no list of events")
+        for e in events:
+            args = e.get("args") if isinstance(e, dict) else None
+            if not isinstance(args, dict) or "src rank" not in args or "dst rank" not in args:
+                continue
+            try:
+                t0 = Decimal(str(e["ts"]).strip()) * 1000
+                t1 = t0 + Decimal(str(e.get("dur", 0)).strip()) * 1000
+                a, b = int(args["src rank"]), int(args["dst rank"])
+                size = int(args.get("size(Byte)", 0) or 0)
+            except (KeyError, ValueError, InvalidOperation, TypeError):
+                raise InputFileError(path, f"an HCCL task event without a number in ts, dur, src rank, dst rank or "
+                                     f"size(Byte): {e.get('name', '?')!r} at ts {e.get('ts')!r}") from None
+            if a != b and a >= 0 and b >= 0:
+                tasks.append((t0, t1, a, b, max(0, size)))
+    return tasks
+
+
 def _mb(value, path, key) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise InputFileError(path, f"{key}: 'Transit Size(MB)' must be a number >= 0, got {value!r}")
@@ -456,7 +500,7 @@ class _Builder:
         src = self.src_of.get(k.rank)
         group, moved = src.comm.get(k.name, (None, None)) if src else (None, None)
         if kind in ("SEND", "RECV"):
-            links = src.peers.get(k.name, []) if src else []
+            links = (src.peers.get(k.name) or src.task_links(k)) if src else []
             msgs.append((node, kind, k, group, links))
             node["type"] = "COMM_SEND" if kind == "SEND" else "COMM_RECV"
             return
