@@ -11,8 +11,10 @@ It reads, per rank, the per-kernel table of one of the two profilers:
 each recognised by its header's column names (the variants of CANN 6 to 8: ``Start Time(us)``,
 ``Task Start Time(us)``, ``Task Start Time`` in ns; with or without ``Stream ID``, ``Device_id``,
 ``Step Id``), and, where the profiler wrote them, ``communication.json`` (each communication
-op's transport volume, ``op@group``), ``communication_matrix.json`` (the peers of send/receive)
-and ``profiler_metadata.json`` (``parallel_group_info``: each group's global ranks).
+op's transport volume, ``op@group``), ``communication_matrix.json`` (the peers of send/receive),
+the HCCL tasks of the timeline JSON (``trace_view.json``, ``msprof_*.json``: the peers when the
+matrix has none) and ``profiler_metadata.json`` (``parallel_group_info``: each group's global
+ranks).
 
 Each kernel is a COMP node on its rank and stream with its measured duration
 (``cmemu.duration_ns``); where its op type and shapes are an op the die model knows
