@@ -312,3 +312,40 @@ def test_send_and_receive_peers_from_the_hccl_tasks_of_the_timeline(tmp_path):
     r = import_ascend(root, MINI.dies)
     assert [n["type"] for n in r.doc["nodes"]][5] == "COMP"
     assert any(line.startswith("sends without a peer") for line in r.unmapped.lines())
+
+
+def test_collective_sizes_from_shapes_and_unmapped_hccl_ops(tmp_path):
+    root, path = _copy(tmp_path, "torch_npu_2ranks")
+    for path in root.rglob("kernel_details.csv"):
+        rows = list(csv.reader(path.open()))
+        h = rows[0]
+        for row in rows[1:]:
+            if row[h.index("Name")].startswith("hcom_allReduce"):
+                row[h.index("Name")] = "hcom_allGather__123_0_1"
+                row[h.index("Input Shapes")], row[h.index("Input Data Types")] = "64,1024", "DT_BF16"
+            elif row[h.index("Name")].startswith(("hcom_send", "hcom_receive")):
+                row[h.index("Name")] = "hcom_reduce__9_0_1"
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows(rows)
+    r = import_ascend(root, MINI.dies)
+    nodes = r.doc["nodes"]
+    # all-gather: each member's contribution, its input tensor (64 x 1024 bf16)
+    assert nodes[3]["attrs"]["comm_type"] == "ALL_GATHER" and nodes[3]["attrs"]["comm_size"] == 131072
+    assert nodes[5]["type"] == nodes[9]["type"] == "COMP" and nodes[5]["attrs"]["cmemu.duration_ns"] == 8000.0
+    assert any(line.startswith("communication ops 'reduce' cmemu has no collective for") and ": 2 (" in line
+               for line in r.unmapped.lines())
+
+
+def test_zero_length_rows_that_start_together_make_no_cycle(tmp_path):
+    root, path = _copy(tmp_path, "msprof_cann601")
+    rows = list(csv.reader(path.open()))
+    h = rows[0]
+    for row in rows[1:]:
+        row[h.index("Task Start Time")], row[h.index("Task Duration")] = rows[1][h.index("Task Start Time")], "0"
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    doc = import_ascend(root, MINI.dies).doc
+    from cmemu.trace import check_trace
+
+    assert check_trace(doc, "t.json", MINI.dies) == []
+    assert doc["nodes"][2]["ctrl_deps"] == [1]  # the later row on stream 6 after the one on stream 5

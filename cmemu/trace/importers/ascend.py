@@ -612,6 +612,8 @@ class _Builder:
                         if other == s:
                             continue
                         i = bisect_right(other_ends, node["x-start_ns"]) - 1
+                        while i >= 0 and streams[other][i]["id"] > node["id"]:
+                            i -= 1  # zero-length nodes that start together: the earlier row first, no cycle
                         if i >= 0 and seen.get(other, -1) < i:
                             seen[other] = i
                             node.setdefault("ctrl_deps", []).append(streams[other][i]["id"])
