@@ -1,5 +1,5 @@
 """cmemu trace import ascend (cmemu/trace/importers/ascend.py) and cmemu run --retime
-(cmemu/retime.py), on the profiler folders of tests/data/ascend (see its README)."""
+(cmemu/lower/retime.py), on the profiler folders of tests/data/ascend (see its README)."""
 import csv
 import json
 import shutil
@@ -9,7 +9,8 @@ import pytest
 
 from cmemu.errors import CmemuError
 from cmemu.spec import load_system
-from cmemu.trace.importers.ascend import import_ascend, import_to_file
+from cmemu.importers import import_ascend_to_file
+from cmemu.trace.importers.ascend import import_ascend
 
 DATA = Path(__file__).parent / "data" / "ascend"
 MINI = load_system("mini")
@@ -196,7 +197,7 @@ def _run(path, **kw):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     path = tmp_path_factory.mktemp("imp") / "two.json"
-    import_to_file(DATA / "torch_npu_2ranks", path, MINI)
+    import_ascend_to_file(DATA / "torch_npu_2ranks", path, MINI)
     return path
 
 

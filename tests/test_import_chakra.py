@@ -23,7 +23,8 @@ def _nodes(trace):
 @pytest.mark.parametrize("name", ["traces/examples/pingpong.json", "traces/mini_moe_layer.json"])
 def test_round_trip_keeps_nodes_deps_and_sizes(name, tmp_path):
     pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
-    from cmemu.trace.importers.chakra import chakra_to_doc, export_chakra
+    from cmemu.importers import export_chakra
+    from cmemu.trace.importers.chakra import chakra_to_doc
 
     path = ROOT / name
     prefix = str(tmp_path / "et")

@@ -35,7 +35,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from cmemu.trace.importers.ascend_ops import die_op, parse_dtypes, parse_shapes, tensor_bytes
-from cmemu.trace.importers.common import InputFileError, Unmapped, check_built, read_json, write_trace
+from cmemu.trace.importers.common import InputFileError, Unmapped, read_json
 
 MIB = 1 << 20  # communication.json's "Transit Size(MB)" is bytes / 1024**2 (assumed: msprof's MB)
 
@@ -646,11 +646,3 @@ def _coll_size(kind: str, k: Kernel, moved: int | None, members: int) -> int | N
     if kind in ("ALL_GATHER", "ALL_TO_ALL"):
         return round(moved / (n - 1))
     return moved
-
-
-def import_to_file(root, output, spec, step=None, deps="time") -> ImportResult:
-    """Import and write the trace (JSON, or JSONL by the name), checked as ``cmemu run`` reads it."""
-    result = import_ascend(root, spec.dies, spec.name, step, deps, (spec.die.aic_cores, spec.die.aiv_cores))
-    check_built(result.doc, output, spec.dies)
-    write_trace(result.doc, output)
-    return result

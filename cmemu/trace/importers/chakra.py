@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from cmemu.errors import CmemuError
-from cmemu.trace.importers.common import InputFileError, Unmapped, check_built, write_trace
+from cmemu.trace.importers.common import InputFileError, Unmapped
 
 MISSING = ("Chakra traces need the optional extra mlc-chakra: pip install 'cmemu[chakra]' "
            "(or pip install mlc-chakra)")
@@ -34,7 +34,7 @@ CHAKRA_ATTRS = {"num_ops": "int64_val", "tensor_size": "uint64_val", "comm_size"
 RANK_FILE = re.compile(r"\.(\d+)\.et$")
 
 
-def _chakra():
+def require_chakra():
     """(et_def_pb2, protolib) of mlc-chakra, or the one-line error saying how to install it."""
     try:
         from chakra.schema.protobuf import et_def_pb2
@@ -89,7 +89,7 @@ def _attr(pb, name: str, value):
 
 def read_chakra(prefix: str) -> tuple[dict[int, list], dict[int, dict]]:
     """{rank: [Node messages]}, {rank: GlobalMetadata attributes as a dict}."""
-    pb, protolib = _chakra()
+    pb, protolib = require_chakra()
     nodes, meta = {}, {}
     for rank, path in rank_files(prefix).items():
         try:
@@ -121,7 +121,7 @@ def read_chakra(prefix: str) -> tuple[dict[int, list], dict[int, dict]]:
 
 def chakra_to_doc(prefix: str, system: str | None = None) -> tuple[dict, Unmapped]:
     """A cmemu trace document from the Chakra ET files of ``prefix``."""
-    pb, _ = _chakra()
+    pb, _ = require_chakra()
     by_rank, meta = read_chakra(prefix)
     unmapped = Unmapped()
     type_name = {v: k for k, v in TYPES.items()}
@@ -186,7 +186,7 @@ def chakra_to_doc(prefix: str, system: str | None = None) -> tuple[dict, Unmappe
 
 def _attrs_in(ntype, n, attrs, unmapped, pg_members, rank) -> dict | None:
     """A Chakra node's attributes as cmemu's; None for a node cmemu cannot map (a fixed COMP)."""
-    pb, _ = _chakra()
+    pb, _ = require_chakra()
     out = {k: v for k, v in attrs.items() if k.startswith(("cmemu.", "x-")) and k != "cmemu.comm_type"}
     own = any(k.startswith("cmemu.") for k in attrs)  # written by cmemu: its attributes are exact
     for k in ("num_ops", "tensor_size", "comm_size", "comm_src", "comm_dst", "comm_tag"):
@@ -213,10 +213,10 @@ def _attrs_in(ntype, n, attrs, unmapped, pg_members, rank) -> dict | None:
     return out
 
 
-def doc_to_chakra(trace, prefix: str) -> list[Path]:
-    """Write a loaded cmemu Trace as Chakra ET files, one per rank that has nodes."""
-    pb, protolib = _chakra()
-    from cmemu.output.atomic import atomic_files
+def trace_to_chakra(trace) -> dict[int, bytes]:
+    """A loaded cmemu Trace as Chakra ET files' bytes, {rank: bytes} for every rank with nodes
+    (the file of rank r is ``PREFIX.r.et``)."""
+    pb, protolib = require_chakra()
 
     by_rank = {}
     for node in trace.nodes:
@@ -255,43 +255,15 @@ def doc_to_chakra(trace, prefix: str) -> list[Path]:
                     n.attr.append(_attr(pb, k, v))
             out.append(n)
         messages[rank] = out
-    base = Path(prefix)
-    paths = [base.parent / f"{base.name}.{rank}.et" for rank in messages]
-    with atomic_files(paths, "wb", inputs=(trace.path,)) as files:
-        for f, (rank, out) in zip(files, messages.items()):
-            gm = pb.GlobalMetadata(version="0.0.4")
-            gm.attr.append(pb.AttributeProto(name="schema", string_val="cmemu.trace v1 (exported by cmemu)"))
-            gm.attr.append(pb.AttributeProto(name="rank", uint64_val=rank))
-            gm.attr.append(_attr(pb, "cmemu.header", trace.header))  # groups, faults, system: read back
-            protolib.encodeMessage(f, gm)
-            for n in out:
-                protolib.encodeMessage(f, n)
-    return paths
-
-
-def import_chakra_to_file(prefix, output, system=None, overrides=()) -> list[str]:
-    """Import and write; the system is ``system``, else a cmemu export's own, else the default."""
-    from cmemu.run import resolve_system
-
-    doc, unmapped = chakra_to_doc(str(prefix), system)
-    spec = resolve_system(doc.get("system"), system, overrides)
-    doc["system"] = spec.name
-    check_built(doc, output, spec.dies)
-    write_trace(doc, output)
-    ranks = len({n["rank"] for n in doc["nodes"]})
-    return [f"wrote {output}: {len(doc['nodes']):,} nodes on {ranks} rank(s) from {prefix}.*.et"] + [
-        f"  not mapped: {line}" for line in unmapped.lines()]
-
-
-def export_chakra(path, prefix, system=None, overrides=()) -> list[str]:
-    """Load a cmemu trace (checked against its system) and write it as Chakra ET files."""
-    _chakra()
-    from cmemu.run import resolve_system
-    from cmemu.trace import load_trace, read_trace
-
-    read = read_trace(path)
-    header_system = read[0].get("system") if isinstance(read[0], dict) else None
-    spec = resolve_system(header_system if isinstance(header_system, str) else None, system, overrides)
-    trace = load_trace(path, num_ranks=spec.dies, read=read)
-    paths = doc_to_chakra(trace, prefix)
-    return [f"wrote {len(paths)} Chakra trace file(s) {Path(prefix).name}.0.et ... ({len(trace.nodes):,} nodes)"]
+    files = {}
+    for rank, out in messages.items():
+        f = io.BytesIO()
+        gm = pb.GlobalMetadata(version="0.0.4")
+        gm.attr.append(pb.AttributeProto(name="schema", string_val="cmemu.trace v1 (exported by cmemu)"))
+        gm.attr.append(pb.AttributeProto(name="rank", uint64_val=rank))
+        gm.attr.append(_attr(pb, "cmemu.header", trace.header))  # groups, faults, system: read back
+        protolib.encodeMessage(f, gm)
+        for n in out:
+            protolib.encodeMessage(f, n)
+        files[rank] = f.getvalue()
+    return files

@@ -1,5 +1,5 @@
-"""What the importers share: their error, the summary of what they could not map, and writing
-the trace they built (docs/trace-format.md, "Importers")."""
+"""What the importers share: their error, the summary of what they could not map, and the check
+of the trace they built (docs/trace-format.md, "Importers"). Writing the files is cmemu.importers'."""
 from __future__ import annotations
 
 import json
@@ -57,24 +57,6 @@ def read_json(path: Path):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputFileError(path, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
-
-
-def write_trace(doc: dict, output) -> None:
-    """Write a trace document as JSON, or as JSONL when ``output`` ends with ``.jsonl``; the file
-    appears only once whole (cmemu.output.atomic)."""
-    from cmemu.output.atomic import atomic_open
-
-    output = Path(output)
-    header = {k: v for k, v in doc.items() if k != "nodes"}
-    with atomic_open(output, "w", encoding="utf-8") as f:
-        if output.suffix == ".jsonl":
-            f.write(json.dumps(header) + "\n")
-            for node in doc["nodes"]:
-                f.write(json.dumps(node, separators=(",", ":")) + "\n")
-        else:
-            f.write(json.dumps(header)[:-1] + ', "nodes": [\n')
-            f.write(",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]))
-            f.write("\n]}\n")
 
 
 def check_built(doc: dict, output, num_ranks: int) -> None:
