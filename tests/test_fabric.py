@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 from cmemu.errors import SpecError
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
+from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_ATOMIC, MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
+from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE
 from cmemu.run import simulate
 from cmemu.scenarios.ub_p2p import all_to_all, bandwidth_byte_per_s, latency_ps
 from cmemu.spec import load_system

@@ -15,9 +15,11 @@ import pytest
 from cmemu._core import op_message_lists
 from cmemu.errors import SimulationError
 from cmemu.faults import parse_failures
-from cmemu.lower import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
+from cmemu.vocab import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
+from cmemu.vocab import MSG_READ, MSG_WRITE
 from cmemu.run import simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

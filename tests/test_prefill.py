@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from cmemu.cli import main
 from cmemu.errors import CmemuError
 from cmemu.workload.moe import moe_routing
-from cmemu.output.schema import PIPE_CODE
+from cmemu.vocab import PIPE_CODE
 from cmemu.scenarios.common import run_doc
 from cmemu.scenarios.prefill import layer_times_ps, prefill_metrics
 from cmemu.spec import load_system

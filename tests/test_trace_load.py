@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from cmemu.errors import TraceError
 from cmemu.trace import (
-    NODE_TYPES,
     Node,
     check_trace,
     load_trace,
@@ -24,6 +23,7 @@ from cmemu.trace import (
     schema_path,
     stream_predecessors,
 )
+from cmemu.vocab import NODE_TYPES
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "traces" / "examples").glob("*.json"))

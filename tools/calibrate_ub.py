@@ -19,7 +19,8 @@ import argparse
 
 import numpy as np
 
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
+from cmemu.vocab import MSG_READ, MSG_WRITE
 from cmemu.scenarios.ub_p2p import bandwidth_byte_per_s, endpoints, latency_ps
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

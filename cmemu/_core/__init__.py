@@ -38,7 +38,7 @@ def op_message_lists(lowered):
     """
     import numpy as np
 
-    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
     from cmemu.lower.passes import message_lists
 
     kind = lowered.op_kind
@@ -65,7 +65,7 @@ def hbm_sharing(lowered):
     """
     import numpy as np
 
-    from cmemu.lower import OP_KIND_COMP, OP_KIND_MEM
+    from cmemu.vocab import OP_KIND_COMP, OP_KIND_MEM
     from cmemu.lower.passes import hbm_demand
 
     dies = int(lowered.die_aic_cores.shape[0])

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cmemu.lower import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
+from cmemu.vocab import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
 
 

@@ -11,7 +11,7 @@ from cmemu.die.gemm import gemm_cost
 from cmemu.die.kernels import VECTOR_OPS, generic_cost, vector_cost
 from cmemu.die.mla import MLAShape, mla_attention_cost, mla_decode_cost, mla_prefill_attention_cost, mla_prefill_cost
 from cmemu.die.model import DieModel, OpCost
-from cmemu.trace.ir import COMP_OPS
+from cmemu.vocab import COMP_OPS
 
 OPS = tuple(COMP_OPS)
 

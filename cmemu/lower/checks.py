@@ -18,7 +18,7 @@ MAX_OP_PS = 2**62
 def comp_problem(attrs: dict, die) -> tuple[str, str] | None:
     """(field, message) of the first reason the die cannot run this COMP as given, else None."""
     from cmemu.die.ops import node_cost, op_unit
-    from cmemu.trace.ir import CLUSTER_OPS
+    from cmemu.vocab import CLUSTER_OPS
 
     op = attrs.get("cmemu.op")
     unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")

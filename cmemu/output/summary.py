@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cmemu.lower import OP_TYPES
+from cmemu.vocab import NODE_TYPES
 
 # Ops during which a die waits for other dies: a receive, a collective (its exit op spans it).
 WAIT_TYPES = ("COMM_RECV", "COMM_COLL")
@@ -65,7 +65,7 @@ def busy_union_ps(key, start, end, nkeys: int) -> np.ndarray:
     return _per_key(k, t, count > 0, nkeys)
 
 
-def exposed_comm_ps(rank, op_type, start, end, ranks: int, op_types=OP_TYPES) -> np.ndarray:
+def exposed_comm_ps(rank, op_type, start, end, ranks: int, op_types=NODE_TYPES) -> np.ndarray:
     """Per rank: time during which a COMM_RECV or COMM_COLL is in progress and no COMP or MEM op
     of that rank runs. ``op_types`` names the codes of ``op_type`` (the file's enum)."""
     op_type = np.asarray(op_type)
@@ -76,7 +76,7 @@ def exposed_comm_ps(rank, op_type, start, end, ranks: int, op_types=OP_TYPES) ->
     return _per_key(k, t, (recv > 0) & (work == 0), ranks)
 
 
-def die_summary(ops: dict, messages: dict, spec: dict, op_types=OP_TYPES) -> dict:
+def die_summary(ops: dict, messages: dict, spec: dict, op_types=NODE_TYPES) -> dict:
     """The ``/dies`` columns, from ``/ops`` and ``/messages`` columns and the resolved spec (a dict).
 
     ``ops`` needs rank, type, start_ps, end_ps, bytes; ``messages`` needs send_op, recv_op, bytes;

@@ -11,7 +11,8 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
+from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate

@@ -20,9 +20,11 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
+from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_ATOMIC, MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
+from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE
 from cmemu.run import simulate
 from cmemu.scenarios.common import parse_sizes, scenario_command
 from cmemu.topology import build_topology

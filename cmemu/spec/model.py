@@ -12,9 +12,9 @@ from typing import Mapping
 
 from cmemu.spec.common import _frozen_map, _require_positive
 from cmemu.spec.die import DieSpec
+from cmemu.vocab import LOAD_BALANCING
 
 
-LOAD_BALANCING = ("spray", "hash")
 # Endpoints (dies and CPUs) are uint16 in the lowered messages; links are int32, and the topology
 # and fabric hold a few hundred bytes for each.
 MAX_ENDPOINTS = 2**16 - 1
