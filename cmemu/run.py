@@ -145,8 +145,10 @@ def _intervals_of(die, attrs: dict, pipe_intervals: int) -> int:
     generic_cost), one interval per pipe each at most."""
     if "cmemu.op" in attrs:
         return int(pipe_intervals)
-    aic = attrs.get("cmemu.unit", "aic") == "aic"
-    cores = max(1, int(attrs.get("cmemu.cores", die.aic_cores if aic else die.aiv_cores)))
+    from cmemu.die.ops import unit_cores
+
+    unit, cores, _total = unit_cores(die, attrs)
+    aic, cores = unit == "aic", max(1, int(cores))
     half = ((die.l1_buffer_kib if aic else die.ub_buffer_kib) << 10) // 2
     chunks = max(1, -(-(-(-int(attrs.get("tensor_size", 0)) // cores)) // half))
     return min(int(pipe_intervals), chunks)

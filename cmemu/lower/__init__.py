@@ -236,24 +236,6 @@ def _op_bytes(node) -> int:
     return int(a.get("tensor_size", 0))
 
 
-def comp_cores(node, die) -> tuple[int, int]:
-    """(AIC, AIV) cores a COMP holds while it runs. A COMP given only a duration holds none
-    unless it names ``cmemu.cores``; MLA ops hold two AIV per AIC (their softmax side)."""
-    from cmemu.die.ops import op_unit
-    from cmemu.vocab import CLUSTER_OPS
-
-    attrs = node.attrs
-    op = attrs.get("cmemu.op")
-    if "cmemu.duration_ns" in attrs and "cmemu.cores" not in attrs:
-        return 0, 0
-    unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
-    total = die.aic_cores if unit == "aic" else die.aiv_cores
-    cores = attrs.get("cmemu.cores", total)
-    if op in CLUSTER_OPS:  # an AIC with its two AIVs
-        return cores, 2 * cores
-    return (cores, 0) if unit == "aic" else (0, cores)
-
-
 def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     """Per trace node: the engine columns that follow from its type and attributes.
 
@@ -262,6 +244,8 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     order (so the first bad node is the one an error names), and spread to every node by
     indexing. Returns the columns, the pipe-task rows and the node names.
     """
+    from cmemu.die.ops import held_cores
+
     nodes = trace.nodes
     n = len(nodes)
     # (type, attrs dict) as one number: the dict's id (an address, below 2**48) and the type's code.
@@ -286,7 +270,7 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
         rows = ()
         if node.type == "COMP":
             table["dur"][s] = comp_duration_ps(node, die, trace.path)
-            table["aic"][s], table["aiv"][s] = comp_cores(node, die)
+            table["aic"][s], table["aiv"][s] = held_cores(die, node.attrs)
             cost = comp_cost(node, die, trace.path)
             if cost is not None:
                 table["hbm"][s] = cost.hbm_byte
