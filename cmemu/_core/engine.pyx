@@ -1067,6 +1067,18 @@ cdef class Engine:
         cdef int64_t raw = payload + self.path_header[path * 4 + ptype]
         return (raw + flit - 1) // flit * flit
 
+    def route(self, int path, int32_t s, int32_t d, int plane, int uplink) -> list:
+        """The links, hop by hop, of the path of a message of path kind ``path`` from endpoint s to
+        d on sub-plane ``plane`` and L1 uplink ``uplink``: route_link, as a run uses it (for tests)."""
+        cdef int hop = 0
+        cdef int32_t link = self.route_link(path, s, d, plane, uplink, 0)
+        out = []
+        while link >= 0:
+            out.append(link)
+            hop += 1
+            link = self.route_link(path, s, d, plane, uplink, hop)
+        return out
+
     cdef int32_t route_link(self, int path, int32_t s, int32_t d, int plane, int uplink, int hop) noexcept nogil:
         """The hop-th link from endpoint s to endpoint d, or -1 past the last one."""
         cdef int32_t ns, nd, chip, count, q

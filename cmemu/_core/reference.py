@@ -249,6 +249,16 @@ class Engine:
         raw = payload + self.path_header[path * 4 + ptype]
         return -(-raw // flit) * flit
 
+    def route(self, path, s, d, plane, uplink) -> list:
+        """Engine.route: the links of a message's path, hop by hop (for tests)."""
+        out, hop = [], 0
+        link = self.route_link(path, s, d, plane, uplink, 0)
+        while link >= 0:
+            out.append(link)
+            hop += 1
+            link = self.route_link(path, s, d, plane, uplink, hop)
+        return out
+
     def route_link(self, path, s, d, plane, uplink, hop):
         if path == PATH_D2D:
             if self.link_alive[self.t_d2d[s]]:

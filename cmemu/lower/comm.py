@@ -42,9 +42,7 @@ def message_paths(topo: Topology, src, dst, plane):
     one NPU, else the UB fabric."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    dies = topo.num_dies
-    twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
-    path = np.where(twin, PATH_D2D, PATH_UB).astype(np.uint8)
+    path = np.where(topo.is_twin(src, dst), PATH_D2D, PATH_UB).astype(np.uint8)
     plane = np.broadcast_to(np.asarray(plane), path.shape)
     path[plane == PLANES.index("rdma")] = PATH_RDMA
     path[plane == PLANES.index("vpc")] = PATH_VPC
