@@ -13,6 +13,7 @@ from cmemu.errors import CmemuError
 from cmemu.generators import GENERATORS
 from cmemu.options import DEFAULT_SYSTEM, RUN_OPTIONS
 
+
 def _system_options(fn):
     fn = click.option(
         "--set",

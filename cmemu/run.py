@@ -19,12 +19,18 @@ from cmemu._core import make_engine
 from cmemu.errors import CmemuError, DieFailedError, SimulationError, UnroutableError
 from cmemu.faults import parse_failures
 from cmemu.lower import Lowered, lower
-from cmemu.vocab import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, NODE_TYPES
 from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
-from cmemu.options import DEFAULT_COMPRESSION, DEFAULT_DETAIL, DEFAULT_FABRIC, DEFAULT_LINK_BIN_NS, DEFAULT_PIPE_INTERVALS
+from cmemu.options import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_DETAIL,
+    DEFAULT_FABRIC,
+    DEFAULT_LINK_BIN_NS,
+    DEFAULT_PIPE_INTERVALS,
+)
 from cmemu.spec import DEFAULT_SYSTEM, SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
 from cmemu.units import default_memory_limit, format_bytes, ns_to_ps
+from cmemu.vocab import NODE_TYPES, OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND
 
 # /tasks: the most rows the die model's busy intervals (DEFAULT_PIPE_INTERVALS per COMP op and pipe)
 # may take in all (about 33 B each; the limit per op is halved until they fit).
@@ -165,8 +171,8 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     packet stand for them. With ``detail="packets"`` the engine also keeps a record of every
     packet on every link it crosses (PACKET_RECORD_LINKS per packet, PACKET_RECORD_BYTES each).
     """
-    from cmemu.workload.moe import moe_routing_bytes
     from cmemu.lower.collectives import ub_chunk_byte
+    from cmemu.workload.moe import moe_routing_bytes
 
     spec = topo.spec
     ops = len(trace.nodes)

@@ -6,14 +6,13 @@ import pytest
 
 from cmemu.errors import SpecError
 from cmemu.lower import lowered_from_parts
-from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
-from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE
 from cmemu.run import simulate
 from cmemu.scenarios.ub_p2p import all_to_all, bandwidth_byte_per_s, latency_ps
 from cmemu.spec import load_system
 from cmemu.topology import L_L1_UP, build_topology
+from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE, OP_KIND_RECV, OP_KIND_SEND
 
 
 def fabric_for(*overrides):

@@ -19,11 +19,10 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-from cmemu.cli import main
-
 from conftest import REPO, TRACES
 from test_scenarios import SMALL
+
+from cmemu.cli import main
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 WALL_TIME_ATTRS = {"wall_time_s"}

@@ -9,13 +9,12 @@ import pytest
 from cmemu._core import merge_link_series
 from cmemu.errors import CmemuError
 from cmemu.lower import lowered_from_parts
-from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
-from cmemu.vocab import MSG_READ
 from cmemu.run import run_trace, simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, OP_KIND_RECV, OP_KIND_SEND
 
 ONE_PLANE = ["ub.sub_planes=1", "ub.die_ports=1", "ub.cpu_ports=1"]
 

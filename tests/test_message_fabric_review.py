@@ -16,13 +16,12 @@ from cmemu._core import op_message_lists
 from cmemu.errors import SimulationError
 from cmemu.faults import parse_failures
 from cmemu.lower import lowered_from_parts
-from cmemu.vocab import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
-from cmemu.vocab import MSG_READ, MSG_WRITE
 from cmemu.run import simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 
 ONE_PLANE = ["ub.sub_planes=1", "ub.die_ports=1", "ub.cpu_ports=1"]
 

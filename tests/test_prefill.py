@@ -7,12 +7,12 @@ from click.testing import CliRunner
 
 from cmemu.cli import main
 from cmemu.errors import CmemuError
-from cmemu.workload.moe import moe_routing
-from cmemu.vocab import PIPE_CODE
 from cmemu.scenarios.common import run_doc
 from cmemu.scenarios.prefill import layer_times_ps, prefill_metrics
 from cmemu.spec import load_system
 from cmemu.trace.deepseek import PrefillConfig, prefill_trace
+from cmemu.vocab import PIPE_CODE
+from cmemu.workload.moe import moe_routing
 
 # EP8 in two attention TP groups of 4 dies; 4 requests of 256 tokens, 2 micro-batches: one request
 # per group and micro-batch, 256 / 4 = 64 tokens per die in the sequence-parallel stages.

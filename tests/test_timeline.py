@@ -13,14 +13,13 @@ import pytest
 
 import cmemu
 from cmemu.errors import CmemuError
-from cmemu.vocab import NODE_TYPES
 from cmemu.output import hdf5
 from cmemu.output.reader import Timeline, TimelineError, open_timeline
 from cmemu.output.schema import TIMELINE_VERSION
-from cmemu.vocab import PIPE_CODE, PIPE_NAMES
 from cmemu.output.summary import busy_union_ps, exposed_comm_ps
 from cmemu.run import run_trace
 from cmemu.topology import LINK_KIND_NAMES
+from cmemu.vocab import NODE_TYPES, PIPE_CODE, PIPE_NAMES
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny_timeline_trace.json"

@@ -20,10 +20,10 @@ import argparse
 import numpy as np
 
 from cmemu.lower.fabric import build_fabric
-from cmemu.vocab import MSG_READ, MSG_WRITE
 from cmemu.scenarios.ub_p2p import bandwidth_byte_per_s, endpoints, latency_ps
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, MSG_WRITE
 
 # [CM] v2 table 1 (SPEC.md 3): (path, op) -> (intra GB/s, inter GB/s, intra us, inter us).
 TABLE1 = {

@@ -17,7 +17,7 @@ from cmemu.lower.comm import MSG_COLUMNS, MessageTable
 from cmemu.lower.compute import comp_cost, comp_duration_ps
 from cmemu.lower.memory import hbm_latency_ps, hbm_service_ps
 from cmemu.topology import Topology
-from cmemu.vocab import NODE_TYPES, NODE_TYPE_CODE, OP_KIND_COMP, OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND
+from cmemu.vocab import NODE_TYPE_CODE, NODE_TYPES, OP_KIND_COMP, OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND
 
 # How the engine runs each trace node type.
 _KIND_OF_TYPE = {

@@ -34,9 +34,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from cmemu.vocab import MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
-from cmemu.vocab import PIPE_CODE
 from cmemu.units import ns_to_ps
+from cmemu.vocab import MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND, PIPE_CODE
 from cmemu.workload.moe import dispatch_payload_byte, moe_experts, moe_routing
 
 SDMA, AIV = PIPE_CODE["SDMA"], PIPE_CODE["AIV_DIRECT"]

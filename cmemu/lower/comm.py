@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cmemu.vocab import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC, PLANES
 from cmemu.topology import Topology
+from cmemu.vocab import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC, PLANES
 
 
 _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op", "ini", "prep", "flow")

@@ -53,7 +53,6 @@ from cmemu.lower.comm import FLOW_BASE
 from cmemu.lower.fabric import aiv_initiator
 from cmemu.vocab import MSG_READ, MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 
-
 # Phases of a collective's internal ops (Lowered.op_phase): what the dispatch and combine
 # scenarios report. 0: none.
 PHASES = ("", "setup", "send", "barrier", "status", "wait", "copy", "sum", "notify", "host")

@@ -32,7 +32,6 @@ except ImportError:  # pragma: no cover - isal is a dependency; a platform witho
     DEFLATE = "zlib"
 
 import cmemu
-from cmemu.vocab import NODE_TYPES
 from cmemu.output.schema import (
     LINK_SERIES_FIELDS,
     HBM_SERIES_FIELDS,
@@ -45,11 +44,11 @@ from cmemu.output.schema import (
     check_compression,
     check_detail,
 )
-from cmemu.vocab import PACKET_TYPE_NAMES, PIPE_NAMES
 from cmemu.output.atomic import atomic_path
 from cmemu.output.columns import has_repeats, lexsort_order, sum_by
 from cmemu.output.summary import die_summary
 from cmemu.topology import LINK_KIND_NAMES
+from cmemu.vocab import NODE_TYPES, PACKET_TYPE_NAMES, PIPE_NAMES
 
 OP_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(NODE_TYPES)}, basetype="u1")
 LINK_KIND_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(LINK_KIND_NAMES)}, basetype="u1")

@@ -14,11 +14,10 @@ import h5py
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.vocab import NODE_TYPES
 from cmemu.output.schema import READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
-from cmemu.vocab import PACKET_TYPE_NAMES, PIPE_NAMES
 from cmemu.output.summary import busy_union_ps, die_summary, hbm_capacity, hbm_figures
 from cmemu.topology import LINK_KIND_NAMES
+from cmemu.vocab import NODE_TYPES, PACKET_TYPE_NAMES, PIPE_NAMES
 
 class TimelineError(CmemuError):
     """A file that is not a cmemu timeline, or one of a version this reader does not know."""

@@ -12,13 +12,14 @@ import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.lower import lowered_from_parts
-from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
-from cmemu.scenarios.common import parse_sizes, scenario_command
+from cmemu.scenarios.common import scenario_command
 from cmemu.scenarios.ems import KV_BYTES_PER_TOKEN_LAYER
 from cmemu.topology import build_topology
+from cmemu.units import parse_sizes
+from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.workload.deepseek import LAYERS
 
 

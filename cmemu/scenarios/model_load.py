@@ -22,13 +22,12 @@ import numpy as np
 from cmemu.ems import EMSPool
 from cmemu.errors import CmemuError
 from cmemu.lower import lowered_from_parts
-from cmemu.vocab import OP_KIND_RECV
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
-from cmemu.vocab import MSG_READ
 from cmemu.run import simulate
 from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, OP_KIND_RECV
 
 
 @scenario_command("model-load")

@@ -21,13 +21,13 @@ import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.lower import lowered_from_parts
-from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
-from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE
 from cmemu.run import simulate
-from cmemu.scenarios.common import parse_sizes, scenario_command
+from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
+from cmemu.units import parse_sizes
+from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE, OP_KIND_RECV, OP_KIND_SEND
 
 DEFAULT_SIZES = "64,256,512,1K,4K,16K,64K,256K,1M"
 BANDWIDTH_BYTES = 4 * 2**20  # at least this much data in the larger bandwidth run
