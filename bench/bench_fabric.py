@@ -23,7 +23,7 @@ from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 EP = 320
 TOKENS_PER_DIE = 96
 TOP_K = 8
-DISPATCH_BYTES_PER_TOKEN = 7680  # SPEC.md 2.5: 7,168 B INT8 + scale, padded to 7.5 KB
+DISPATCH_BYTES_PER_TOKEN = 7680  # docs/machine.md 2.5: 7,168 B INT8 + scale, padded to 7.5 KB
 MAX_COST_RATIO = 8.0
 
 

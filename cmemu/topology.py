@@ -5,7 +5,7 @@ sub-plane), then L2 chips (sub-plane-major), then the single RDMA switch. Links 
 a cable of rate R per direction is two links. Each link has an integer rate in bytes per second
 and an integer latency in picoseconds (wire, plus switch traversal when it leaves a switch).
 
-Wiring (SPEC.md 2.4): each die and CPU has one port to the L1 chip of each sub-plane of its node;
+Wiring (docs/machine.md 2.4): each die and CPU has one port to the L1 chip of each sub-plane of its node;
 uplink k of the L1 chip of (node n, plane p) goes to L2 chip (n * uplinks + k) mod C of plane p,
 so every L1 reaches every L2 chip of its plane and the L2 ports fill evenly; the two dies of an
 NPU share a die-to-die link; every die has a port into the RDMA plane, modelled as one

@@ -135,7 +135,7 @@ def test_reuse_skips_compute_and_fetches_kv(mini, small_run):
     assert max(d1) < min(d0)
 
 
-# DeepSeek-R1 MACs per token (SPEC.md 2.7): q_a 7168 -> 1536, kv_a 7168 -> 512 + 64, q_b 1536 ->
+# DeepSeek-R1 MACs per token (docs/machine.md 2.7): q_a 7168 -> 1536, kv_a 7168 -> 512 + 64, q_b 1536 ->
 # 128 x (128 + 64), kv_b 512 -> 128 x (128 + 128), o_proj 128 x 128 -> 7168.
 Q_A, KV_A, Q_B, KV_B, O = 7168 * 1536, 7168 * 576, 1536 * 128 * 192, 512 * 128 * 256, 128 * 128 * 7168
 

@@ -1,4 +1,4 @@
-"""Topology counts checked by hand, the switch-utilisation figures of SPEC.md 3, and routes."""
+"""Topology counts checked by hand, the switch-utilisation figures of docs/machine.md 3, and routes."""
 import json
 
 import numpy as np

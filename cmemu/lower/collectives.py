@@ -2,7 +2,7 @@
 
 Each member's COMM_COLL node becomes its *exit*: it ends when the member's part is done. An
 *entry* op takes the node's dependencies; from it the member's internal ops run, on one of two
-engines (SPEC.md 2.5):
+engines (docs/machine.md 2.5):
 
 - **SDMA**: the die's ``comm.sdma_engines`` DMA engines take one descriptor per destination, in
   turn. A descriptor costs ``comm.sdma_descriptor_startup_ns`` before its data moves, and keeps its
@@ -22,7 +22,7 @@ expert order, a reduction, MoE combine's weighted sum) and its exit ends.
 Algorithms: ALL_TO_ALL, ALL_GATHER and BROADCAST write directly to every destination (the UB
 Clos gives every pair of dies a path: no ring or tree is needed); REDUCE_SCATTER writes each
 member's share to it and reduces there; ALL_REDUCE is a reduce-scatter followed by an all-gather
-of the reduced shares. MOE_DISPATCH/MOE_COMBINE follow [MC2] (SPEC.md 2.5): token-by-token writes
+of the reduced shares. MOE_DISPATCH/MOE_COMBINE follow [MC2] (docs/machine.md 2.5): token-by-token writes
 of (token, expert) pairs to the die holding the expert, then the flag exchange, then the local copy
 (dispatch) or weighted sum (combine). Routing is drawn from a seeded distribution (uniform, or
 Zipf-skewed by ``cmemu.skew``) and is the same for a dispatch and the combine with the same

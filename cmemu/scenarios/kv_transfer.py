@@ -1,4 +1,4 @@
-"""kv-transfer: moving a request's KV cache from a prefill die to a decode die (SPEC.md 2.8).
+"""kv-transfer: moving a request's KV cache from a prefill die to a decode die (docs/machine.md 2.8).
 
 CloudMatrix-Infer moves each request's KV cache once, prefill -> decode, over the RDMA plane
 (200 Gb/s per die). For each prompt length, the KV cache of all ``--layers`` layers (576 INT8

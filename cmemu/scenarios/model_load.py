@@ -1,5 +1,5 @@
 """model-load: cold and warm start of a model into several serving instances, with and without
-the EMS pool (SPEC.md 2.6).
+the EMS pool (docs/machine.md 2.6).
 
 The model's ``--model-gbyte`` of INT8 weights go to ``--instances`` instances that split the
 system's dies between them; each die holds an equal shard. Object storage is outside the

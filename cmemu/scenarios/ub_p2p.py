@@ -1,6 +1,6 @@
 """ub-p2p: point-to-point bandwidth and latency over UB, and an all-to-all.
 
-The shape of [CM] table 1 (SPEC.md 3): for reads and writes from die 0 to another die in its node
+The shape of [CM] table 1 (docs/machine.md 3): for reads and writes from die 0 to another die in its node
 (die 2: another NPU, so the path turns at an L1 chip), to a die in the next node (L1 -> L2 -> L1),
 and to a CPU in either node, per message size:
 
