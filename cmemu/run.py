@@ -1220,7 +1220,7 @@ def _trace_result_rest(full: RunResult, pipe_intervals: int | None) -> dict:
 
 
 def check_invariants(result: RunResult) -> None:
-    """DESIGN.md's invariants that hold after a run: dependencies respected, bytes conserved."""
+    """the invariants of docs/architecture.md that hold after a run: dependencies respected, bytes conserved."""
     from cmemu.lower.passes import early_successor
 
     L = result.lowered

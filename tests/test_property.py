@@ -1,5 +1,6 @@
-"""Property-based tests: random valid traces on `mini` replay to the end and keep DESIGN.md's
-invariants; random dependency graphs either replay or are refused as cycles, never hang.
+"""Property-based tests: random valid traces on `mini` replay to the end and keep the run
+invariants (docs/architecture.md); random dependency graphs either replay or are refused as
+cycles, never hang.
 
 The invariants are checked here from the trace document itself (dependencies, stream order,
 message pairs), not from the lowering's arrays, so that a lowering bug cannot hide itself.
@@ -186,7 +187,7 @@ def check_link_bytes(r) -> None:
 
 
 def check_invariants(doc, r) -> None:
-    """DESIGN.md's invariants, from the trace document and the run's results."""
+    """the invariants of docs/architecture.md, from the trace document and the run's results."""
     nodes = doc["nodes"]
     row = {int(nid): i for i, nid in enumerate(r.lowered.op_node_id)}
     assert len(row) == len(nodes)

@@ -1,4 +1,4 @@
-"""Trace IR v1: loading, defaults, and one test per class of bad input (DESIGN.md "Bad input").
+"""Trace IR v1: loading, defaults, and one test per class of bad input (docs/architecture.md, "Bad input").
 
 Each error test asserts the message names the node id and the field, as a user needs to fix it.
 """
