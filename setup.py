@@ -26,6 +26,7 @@ setup(
         "cmemu.spec": ["presets/*.toml"],
         "cmemu.trace": ["schema/*.json"],
         "cmemu._core": ["*.pxd"],  # the engine's codes (vocab.pxd), for a build from the sources
+        "cmemu.models": ["configs/*.json", "configs/*.toml"],
     },
     ext_modules=cythonize(
         extensions,

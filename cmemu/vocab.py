@@ -30,6 +30,10 @@ COMP_OPS = {
     "mla_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads", "cmemu.queries_per_request")),
     "mla_prefill": ("aic", ("cmemu.tokens",), ("cmemu.heads",)),
     "mla_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
+    "gqa_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads", "cmemu.head_dim"),
+                      ("cmemu.queries_per_request",)),
+    "gqa_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads",
+                                      "cmemu.head_dim"), ()),
     "rmsnorm": _ROWS_COLS,
     "rope": _ROWS_COLS,
     "swiglu": _ROWS_COLS,
@@ -37,10 +41,11 @@ COMP_OPS = {
     "quant_int8": _ROWS_COLS,
 }
 # Ops that run on clusters of 1 AIC + 2 AIV: cmemu.cores counts the AIC, each holds its 2 AIV.
-CLUSTER_OPS = frozenset({"mla_decode", "mla_attention", "mla_prefill", "mla_prefill_attention"})
+CLUSTER_OPS = frozenset({"mla_decode", "mla_attention", "mla_prefill", "mla_prefill_attention", "gqa_attention",
+                         "gqa_prefill_attention"})
 COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile_m", "cmemu.tile_n",
-                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.queries_per_request", "cmemu.rows",
-                    "cmemu.cols")
+                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads", "cmemu.head_dim",
+                    "cmemu.queries_per_request", "cmemu.rows", "cmemu.cols")
 # A message's plane (cmemu.plane), as a code: an index into this.
 PLANES = ("ub", "rdma", "vpc")
 

@@ -1,4 +1,5 @@
-"""prefill: one DeepSeek-R1 prefill step of CloudMatrix-Infer (cmemu.trace.deepseek), simulated.
+"""prefill: one prefill step, simulated: DeepSeek-R1 in CloudMatrix-Infer (cmemu.trace.deepseek)
+by default, or any model (``--model NAME|CONFIG.json``: cmemu.models.step).
 
 Reports, from the simulated timeline (nothing is taken from the paper):
 - TTFT: the prefill step time, until the last op of the step ends (all dies, both micro-batches,
@@ -39,13 +40,21 @@ CLASSES = (
     ("expert_mlp", ("expert_up", "expert_swiglu", "expert_down")),
     ("combine", ("combine",)),
     ("sampling", ("lm_head", "softmax")),
+    ("shared_expert", ("shared_ffn_up", "shared_swiglu", "shared_ffn_down")),
 )
+# A GQA model's: the SP stage is the input RMSNorm alone; the TP stage the q/k/v projection of the
+# die's heads, their q/k norms and RoPE.
+GQA_CLASSES = tuple(
+    ("attn_prolog_sp", ("rmsnorm_in",)) if cls == "mla_prolog_sp"
+    else ("attn_prolog_tp", ("qkv_proj", "rmsnorm_qk", "rope_qk")) if cls == "mla_prolog_tp"
+    else (cls, leaves) for cls, leaves in CLASSES)
 COMM_CLASSES = ("attn_gather", "attn_a2a", "dispatch", "combine")
 _CLASS_OF = {leaf: cls for cls, leaves in CLASSES for leaf in leaves}
+_GQA_CLASS_OF = {leaf: cls for cls, leaves in GQA_CLASSES for leaf in leaves}
 
 
-def _class_of(name: str) -> str:
-    return _CLASS_OF.get(name.rsplit(".", 1)[-1], "other")
+def _class_of(name: str, table=_CLASS_OF) -> str:
+    return table.get(name.rsplit(".", 1)[-1], "other")
 
 
 def layer_times_ps(cfg: PrefillConfig, result) -> list[int]:
@@ -57,20 +66,29 @@ def layer_times_ps(cfg: PrefillConfig, result) -> list[int]:
     return [e - p for e, p in zip(ends, [0] + ends[:-1])]
 
 
-def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
+def prefill_metrics(cfg: PrefillConfig, result, model=None) -> tuple[dict, dict]:
+    """The step's figures (module docstring); ``model`` None: DeepSeek-R1 (cmemu.trace.deepseek),
+    else ``cfg`` is a cmemu.models.step.PrefillDeployment of ``model``."""
     names = result.lowered.op_name
     start, end = result.op_start_ps, result.op_end_ps
     rank = result.lowered.op_rank
     step_ps = int(end.max())
-    classes = np.array([_class_of(n) for n in names])
+    gqa = model is not None and model.attention == "gqa"
+    classes = np.array([_class_of(n, _GQA_CLASS_OF if gqa else _CLASS_OF) for n in names])
+    if model is None:
+        dense_sim, dense_all, total = cfg.dense_layers, DENSE_LAYERS, LAYERS
+    else:
+        from cmemu.models.step import dense_layers_of
+
+        dense_sim, dense_all, total = dense_layers_of(model, cfg.layers), model.dense_first_layers, model.layers
     per_class = {}
-    for cls, _ in CLASSES:
+    for cls, _ in GQA_CLASSES if gqa else CLASSES:
         m = classes == cls
         if m.any():
             per_class[f"{cls}_us"] = round(float((end[m] - start[m]).sum()) / cfg.ep / 1e6, 2)
     times = layer_times_ps(cfg, result)
-    dense_ps = times[cfg.dense_layers - 1] if cfg.dense_layers else None
-    moe_ps = times[-1] if cfg.layers > cfg.dense_layers else None
+    dense_ps = times[dense_sim - 1] if dense_sim else None
+    moe_ps = times[-1] if cfg.layers > dense_sim else None
     is_comm = np.isin(classes, COMM_CLASSES)
     is_compute = ~is_comm & (classes != "kv_fetch")
     exposed = step_exposed_comm_ps(rank, is_comm, is_compute, start, end, cfg.ep)
@@ -85,20 +103,31 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
         "tokens_per_s_per_npu": round(tokens / (step_ps / 1e12) / npus, 1),
         "exposed_comm_us": round(float(np.mean(exposed)) / 1e6, 1),
     }
-    if cfg.layers < LAYERS and moe_ps and dense_ps:
-        full_ps = (step_ps + (DENSE_LAYERS - cfg.dense_layers) * dense_ps
-                   + (LAYERS - DENSE_LAYERS - (cfg.layers - cfg.dense_layers)) * moe_ps)
-        out["ttft_61_layers_extrapolated_ms"] = round(full_ps / 1e9, 3)
-        out["tokens_per_s_per_npu_61_layers_extrapolated"] = round(tokens / (full_ps / 1e12) / npus, 1)
+    dense_left, moe_left = dense_all - dense_sim, total - dense_all - (cfg.layers - dense_sim)
+    if cfg.layers < total and (dense_ps or not dense_left) and (moe_ps or not moe_left):
+        full_ps = step_ps + dense_left * (dense_ps or 0) + moe_left * (moe_ps or 0)
+        out[f"ttft_{total}_layers_extrapolated_ms"] = round(full_ps / 1e9, 3)
+        out[f"tokens_per_s_per_npu_{total}_layers_extrapolated"] = round(tokens / (full_ps / 1e12) / npus, 1)
     return out, per_class
 
 
-def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None):
-    doc = prefill_trace(cfg, spec.name, spec.dies)
-    return prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
+def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None, model=None):
+    """(step metrics, busy time by op class) of one simulated step: DeepSeek-R1 in
+    CloudMatrix-Infer (``model`` None) or ``model`` (``cfg`` a PrefillDeployment)."""
+    if model is None:
+        doc = prefill_trace(cfg, spec.name, spec.dies)
+    else:
+        from cmemu.models.step import prefill_step
+
+        doc = prefill_step(model, cfg, spec.name, spec.dies)
+    return prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory), model)
 
 
 @scenario_command("prefill")
+@click.option("--model", "model_name", default="deepseek-r1", show_default=True, metavar="NAME|CONFIG.json",
+              help="A shipped model (`cmemu models`) or a Hugging Face config.json; deepseek-r1 is CloudMatrix-Infer's "
+                   "own deployment (10 expert slots per die), any other the model step generator's (as many slots "
+                   "per die as its experts need at this EP degree).")
 @click.option("--ep", type=click.IntRange(min=2), default=32, show_default=True, help="EP degree (dies).")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Tokens per prompt.")
@@ -113,17 +142,26 @@ def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: in
 @click.option("--dispatch-engine", type=click.Choice(["sdma", "aiv"]), default="sdma", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @run_options
-@click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
-              help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61).")
-def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew, fabric,
-            max_memory, layers):
-    """DeepSeek-R1 prefill step (CloudMatrix-Infer, EP32, SP -> TP -> SP attention): TTFT, per-layer
-    time, prompt tokens/s per NPU, time by op class, exposed communication."""
-    cfg = PrefillConfig(ep=ep, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
-                        micro_batches=int(micro_batches), int8=int8, reuse=reuse, dispatch_engine=dispatch_engine,
-                        skew=skew, layers=layers)
-    params = {"ep": ep, "prompt_len": prompt_len, "requests": requests, "attn_tp": attn_tp,
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Layers to simulate (TTFT and tokens/s are also extrapolated to all the model's).")
+def command(spec, model_name, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew,
+            fabric, max_memory, layers):
+    """A prefill step (DeepSeek-R1 in CloudMatrix-Infer: EP32, SP -> TP -> SP attention; or
+    --model): TTFT, per-layer time, prompt tokens/s per NPU, time by op class, exposed
+    communication."""
+    options = dict(ep=ep, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp, micro_batches=int(micro_batches),
+                   reuse=reuse, dispatch_engine=dispatch_engine, skew=skew, layers=layers)
+    model = None
+    if model_name == "deepseek-r1":
+        cfg = PrefillConfig(int8=int8, **options)
+    else:
+        from cmemu.models.description import load_model
+        from cmemu.models.step import prefill_deployment_from_options
+
+        model = load_model(model_name)
+        cfg = prefill_deployment_from_options(model, weight_dtype="int8" if int8 else "bf16", **options)
+    params = {"model": model_name, "ep": ep, "prompt_len": prompt_len, "requests": requests, "attn_tp": attn_tp,
               "micro_batches": cfg.micro_batches, "dtype": "int8" if int8 else "bf16", "reuse": reuse,
               "dispatch_engine": dispatch_engine, "layers": layers, "fabric": fabric}
-    metrics, per_class = run_prefill(spec, cfg, fabric, max_memory)
+    metrics, per_class = run_prefill(spec, cfg, fabric, max_memory, model)
     return params, {"prefill step": [metrics], "mean busy time per die by op class (us)": [per_class]}

@@ -1082,12 +1082,17 @@ def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
         if key in COMP_SHAPE_ATTRS and key not in allowed:
             err(i, f"{pre}does not apply to cmemu.op \"{op}\" (its shape: "
                 f"{', '.join(required + optional)})", label, key)
-    if op == "mla_prefill_attention":
+    if op in ("mla_prefill_attention", "gqa_prefill_attention"):
         tokens, kv_len = raw.get("cmemu.tokens"), raw.get("cmemu.kv_len")
         if isinstance(tokens, int) and isinstance(kv_len, int) and kv_len < tokens:
             err(i, f"{pre}{kv_len} is fewer than cmemu.tokens ({tokens}): the queries are the last "
                 "cmemu.tokens of the cmemu.kv_len positions", label, "cmemu.kv_len")
-    if op in ("mla_decode", "mla_attention"):
+    if op in ("gqa_attention", "gqa_prefill_attention"):
+        heads, kv_heads = raw.get("cmemu.heads"), raw.get("cmemu.kv_heads")
+        if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads >= 1 and heads % kv_heads:
+            err(i, f"{pre}cmemu.heads ({heads}) is not a multiple of it ({kv_heads}): each K/V head serves a whole "
+                "group of query heads", label, "cmemu.kv_heads")
+    if op in ("mla_decode", "mla_attention", "gqa_attention"):
         tokens, per = raw.get("cmemu.tokens"), raw.get("cmemu.queries_per_request")
         if isinstance(tokens, int) and isinstance(per, int) and per >= 1 and tokens % per:
             err(i, f"{pre}cmemu.tokens ({tokens}) is not a whole number of requests of {per} queries: make it a "
