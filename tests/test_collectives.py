@@ -1,4 +1,4 @@
-"""COMM_COLL lowering: MoE dispatch/combine and collectives (issue 5)."""
+"""COMM_COLL lowering: MoE dispatch/combine and collectives."""
 import json
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""DeepSeek-R1 decode trace generator and the decode scenario (issue 6)."""
+"""DeepSeek-R1 decode trace generator and the decode scenario."""
 import json
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The UB packet model: transactions by hand, credits, spraying, conservation (issue 3)."""
+"""The UB packet model: transactions by hand, credits, spraying, conservation."""
 import math
 
 import numpy as np

@@ -94,3 +94,12 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from cmemu.cli import main\n    import cmemu.run\n    from ..run import x\n")
     assert sorted(t for _, t in imports(f, "cmemu.trace.m")) == ["cmemu.cli", "cmemu.run", "cmemu.run"]
+
+
+def test_every_test_file_is_in_one_test_layer():
+    from conftest import LAYER_OF_TEST, TEST_LAYERS
+
+    files = {p.stem for p in (REPO / "tests").rglob("test_*.py")}
+    named = [n for names in TEST_LAYERS.values() for n in names]
+    assert len(named) == len(set(named)), "a test file in two layers"
+    assert files == set(LAYER_OF_TEST), (sorted(files - set(LAYER_OF_TEST)), sorted(set(LAYER_OF_TEST) - files))

@@ -1,4 +1,4 @@
-"""DeepSeek-R1 prefill trace generator and the prefill scenario (issue 6)."""
+"""DeepSeek-R1 prefill trace generator and the prefill scenario."""
 import json
 
 import numpy as np
