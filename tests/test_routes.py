@@ -1,8 +1,9 @@
 """Every route the engine takes on `mini`: for every source and destination endpoint, every
 plane a message may ask for (the path kind it then takes, cmemu.lower.comm.message_paths), every
 sub-plane and every L1 uplink, the links the native engine's route_link gives hop by hop form a
-chain from the source to the destination through the switches the topology says, and the
-reference engine gives the same links."""
+chain from the source to the destination through the switches the topology says; and the
+reference engine gives the same links (on the first and the last uplink of each, to keep the test
+short: the uplink only picks an index into the same tables)."""
 import itertools
 
 import numpy as np
@@ -58,7 +59,8 @@ def test_every_route_is_a_chain_through_the_right_switches_and_both_engines_agre
     l2_chips = {}  # (src, dst, sub-plane) -> the L2 chips its uplinks reach
     for src, dst, plane, path, sub_plane, uplink in _every_route(topo):
         links = native.route(path, src, dst, sub_plane, uplink)
-        assert links == reference.route(path, src, dst, sub_plane, uplink), (src, dst, plane, sub_plane, uplink)
+        if uplink in (0, topo.spec.ub.l1_uplinks_per_chip - 1):
+            assert links == reference.route(path, src, dst, sub_plane, uplink), (src, dst, plane, sub_plane, uplink)
         assert links and lsrc[links[0]] == src and ldst[links[-1]] == dst
         assert all(ldst[a] == lsrc[b] for a, b in zip(links, links[1:]))
         via = [int(vkind[ldst[link]]) for link in links[:-1]]
