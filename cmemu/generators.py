@@ -29,7 +29,8 @@ class Generator:
 
 def _deepseek_r1(spec, phase, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse, micro_batches, mtp,
                  mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp):
-    from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
+    from cmemu.trace.deepseek import (DecodeConfig, PrefillConfig, decode_deployment, decode_trace, preset_model,
+                                      prefill_trace)
 
     if phase == "prefill":
         cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
@@ -43,7 +44,7 @@ def _deepseek_r1(spec, phase, ep, tokens_per_die, kv_len, prompt_len, requests, 
                            dispatch_engine=dispatch_engine or "aiv", skew=skew, layers=layers, seed=seed,
                            lm_head_tp=lm_head_tp)
         doc = decode_trace(cfg, spec.name, spec.dies)
-        what = f"{cfg.tokens_per_die} tokens/die"
+        what = f"{cfg.tokens_per_die} tokens/die" + hbm_fit(decode_deployment(cfg).hbm_per_die_byte(preset_model()), spec)
     return doc, f"{phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}"
 
 
@@ -72,8 +73,20 @@ def _model(spec, model_name, phase, **options):
     model = load_model(model_name)
     doc, d = model_step_from_options(model, phase, spec, micro_batches=int(options.pop("micro_batches")), **options)
     what = f"{d.tokens_per_die} tokens/die" if phase == "decode" else f"{d.requests} request(s) x {d.prompt_len} tokens"
+    if phase == "decode":
+        what += hbm_fit(d.hbm_per_die_byte(model), spec)
     return doc, (f"{model.name} {phase}, {d.layers} layer(s), EP{d.ep}, {d.experts_per_die} expert slot(s)/die, "
                  f"{what}")
+
+
+def hbm_fit(footprint, spec) -> str:
+    """What a decode deployment holds per die against the die's HBM, for trace gen's line."""
+    weights, kv = footprint
+    cap = spec.die.hbm_capacity_gbyte * 1e9
+    text = f"; per die {weights / 1e9:,.1f} GB of weights + {kv / 1e9:,.1f} GB of KV cache of {cap / 1e9:,.0f} GB HBM"
+    if weights + kv > cap:
+        text += " (does NOT fit: fewer tokens per die, a shorter KV, more EP or attention TP)"
+    return text
 
 
 GENERATORS = {g.name: g for g in (

@@ -258,3 +258,26 @@ def test_the_preset_is_the_model_generator_with_cloudmatrix_infer_defaults(tmp_p
     da, db = json.loads(a.read_text()), json.loads(b.read_text())
     assert da["nodes"] == db["nodes"] and da["groups"] == db["groups"]
     assert da["cmemu.generator"]["name"] == "deepseek-r1" and db["cmemu.generator"]["name"] == "model"
+
+
+def test_hbm_footprint_per_die_by_hand(tmp_path):
+    """DeepSeek-R1 in CloudMatrix-Infer's decode deployment (EP320, one expert slot, 96 tokens
+    per die with MTP: 48 requests, KV 4096, INT8 weights), by hand from its config."""
+    m = load_model("deepseek-r1")
+    h, H = 7168, 128
+    attn = (h * 1536 + 1536 + 1536 * H * 192) + (h * 576 + 512 + 512 * H * 256) + H * 128 * h
+    weights = (61 * attn + 3 * 3 * h * 18432  # attention; the 3 dense layers' FFNs
+               + 58 * (h * 256 + 3 * h * 2048)  # router + one expert slot
+               + 2 * 129280 * h)  # embedding and LM head, 1 B each
+    kv = 48 * 4096 * 576 * 2 * 61  # latent 512 + rope key 64, BF16, every layer
+    d = DecodeDeployment(ep=320, tokens_per_die=96, kv_len=4096, mtp=True, layers=2)
+    assert d.hbm_per_die_byte(m) == (weights, kv)
+    # trace gen says it, and says when it does not fit the die's 64 GB
+    out = CliRunner().invoke(main, ["trace", "gen", "deepseek-r1", "--system", "cloudmatrix384", "--layers", "2",
+                                    "-o", str(tmp_path / "a.json")])
+    assert out.exit_code == 0, out.output
+    assert f"per die {weights / 1e9:,.1f} GB of weights + {kv / 1e9:,.1f} GB of KV cache of 64 GB HBM" in out.output
+    assert "NOT fit" not in out.output
+    out = CliRunner().invoke(main, ["trace", "gen", "deepseek-r1", "--system", "cloudmatrix384", "--layers", "2",
+                                    "--kv-len", "16384", "-o", str(tmp_path / "b.json")])
+    assert "does NOT fit" in out.output

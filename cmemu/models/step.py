@@ -174,6 +174,33 @@ class DecodeDeployment:
     def requests_per_die(self) -> float:
         return self.tokens_per_die / (2 if self.mtp else 1)
 
+    def hbm_per_die_byte(self, model: ModelDescription) -> tuple[int, int]:
+        """(weights, KV cache) bytes one die holds in this deployment, for a check that they fit
+        its HBM (the trace itself does not allocate). Weights: every layer's attention (its share
+        under attention TP), its dense FFNs (the same share), its expert slots' routed experts
+        (``experts_per_die`` of them, each 3 matrices; a slot holding a shared-expert copy is
+        counted as one of the same size) and the router, the embedding and the LM head (its
+        vocabulary share with --lm-head-tp), at the matmuls' dtype (norms and biases, under
+        0.01%, left out). KV cache: its requests' ``kv_len`` positions in every layer, BF16 as
+        the attention reads them (MLA: the latent and rope key; GQA: K and V of its K/V heads).
+        All the model's layers, however many the trace simulates; its MTP module not counted."""
+        b = 1 if self.weight_dtype == "int8" else 2
+        h, tp = model.hidden_values, self.attn_tp
+        dense, layers = model.dense_first_layers, model.layers  # the whole model, whatever --layers simulates
+        moe = layers - dense
+        w = layers * model.attention_params() // tp + dense * model.ffn_params(dense=True) // tp
+        if model.moe:
+            w += moe * (h * model.routed_experts + self.experts_per_die * 3 * h * model.expert_ffn_values)
+        head = model.vocab_tokens * h
+        w += head + (0 if model.tied_embeddings else head // self.lm_head_tp)
+        if model.attention == "mla":
+            per_token = model.kv_lora_values + model.qk_rope_values
+        else:
+            per_token = 2 * _gqa_heads_per_die(model, tp)[1] * model.head_values
+        requests = self.requests_per_die * tp if tp > 1 else self.requests_per_die  # a TP group's requests
+        kv = int(round(requests * self.kv_len)) * per_token * 2 * layers
+        return w * b, kv
+
     @property
     def accepted_per_step(self) -> float:
         """Tokens each request gains per step: one, plus the accepted speculative one."""
