@@ -59,7 +59,7 @@ TEST_LAYERS = {
               "test_vocab", "test_layers"),
     "die": ("test_die_hbm", "test_die_ops", "test_die_pipeline", "test_gqa_attention", "test_mla_decode_schedule"),
     "frontend": ("test_trace_load", "test_trace_graph", "test_frontend_shortcuts", "test_lowering_blocks",
-                 "test_deepseek", "test_prefill", "test_models"),
+                 "test_deepseek", "test_prefill", "test_models", "test_import_ascend", "test_import_chakra"),
     "equivalence": ("test_engine", "test_binning", "test_postprocess", "test_hbm_series_groups", "test_property",
                     "test_message_fabric_mixed_traffic"),
     "paper": ("test_deepep_normal_table", "test_gemm_table10", "test_ub_table1"),
