@@ -13,6 +13,7 @@ from cmemu.errors import CmemuError
 from cmemu.generators import GENERATORS
 from cmemu.options import DEFAULT_SYSTEM, RUN_OPTIONS
 
+
 def _system_options(fn):
     fn = click.option(
         "--set",
@@ -68,10 +69,10 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
         return
     L = r.lowered
     by_type = {}
-    from cmemu.lower import OP_TYPES
+    from cmemu.vocab import NODE_TYPES
 
     for code in L.op_type:
-        by_type[OP_TYPES[code]] = by_type.get(OP_TYPES[code], 0) + 1
+        by_type[NODE_TYPES[code]] = by_type.get(NODE_TYPES[code], 0) + 1
     types = ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items()))
     simulating_s = r.wall_time_s - r.compile_s  # the kernels' first compile is no part of the rate
     rate = r.events / simulating_s if simulating_s > 0 else float("inf")

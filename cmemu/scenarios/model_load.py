@@ -1,5 +1,5 @@
 """model-load: cold and warm start of a model into several serving instances, with and without
-the EMS pool (SPEC.md 2.6).
+the EMS pool (docs/machine.md 2.6).
 
 The model's ``--model-gbyte`` of INT8 weights go to ``--instances`` instances that split the
 system's dies between them; each die holds an equal shard. Object storage is outside the
@@ -21,12 +21,13 @@ import numpy as np
 
 from cmemu.ems import EMSPool
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_KIND_RECV, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, OP_KIND_RECV
 
 
 @scenario_command("model-load")

@@ -22,7 +22,7 @@ import click
 import numpy as np
 
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
-from cmemu.scenarios.decode import _exposed, _union
+from cmemu.scenarios.decode import step_exposed_comm_ps
 from cmemu.trace.deepseek import PrefillConfig, prefill_trace
 from cmemu.workload.deepseek import DENSE_LAYERS, LAYERS
 
@@ -91,11 +91,7 @@ def prefill_metrics(cfg: PrefillConfig, result, model=None) -> tuple[dict, dict]
     moe_ps = times[-1] if cfg.layers > dense_sim else None
     is_comm = np.isin(classes, COMM_CLASSES)
     is_compute = ~is_comm & (classes != "kv_fetch")
-    exposed = []
-    for r in range(cfg.ep):
-        mine = rank == r
-        exposed.append(_exposed(_union(start[mine & is_comm], end[mine & is_comm]),
-                                _union(start[mine & is_compute], end[mine & is_compute])))
+    exposed = step_exposed_comm_ps(rank, is_comm, is_compute, start, end, cfg.ep)
     npus = cfg.ep / 2
     tokens = cfg.prompt_tokens_per_step
     out = {
