@@ -304,6 +304,15 @@ def trace_gen():
               help="Prefill: dies that split one request's attention heads (SP -> TP -> SP).")
 @click.option("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Prefill: EMS context-cache reuse rate (share of each prompt's KV fetched, not recomputed).")
+@click.option("--ems-plane", type=click.Choice(["ub", "vpc", "hbm"]), default="ub", show_default=True,
+              help="Prefill: where reused KV comes from: the EMS pool over UB or the VPC plane (fetch ops added, "
+                   "reuse rounded down to whole blocks), or already in HBM.")
+@click.option("--pool-nodes", type=click.IntRange(min=1), default=None,
+              help="Prefill: nodes whose CPUs form the EMS pool [default: all].")
+@click.option("--kv-transfer", is_flag=True,
+              help="Prefill: add each request's KV cache sent to its decode die over RDMA after its last layer.")
+@click.option("--decode-dp", type=click.IntRange(min=1), default=320, show_default=True,
+              help="Prefill with --kv-transfer: decode DP ranks (one die each, after the prefill dies).")
 @click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
 @click.option("--mtp/--no-mtp", default=True, show_default=True)
 @click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
@@ -321,7 +330,7 @@ def trace_gen():
               help="Trace file to write (.json, or .jsonl for one node per line).")
 @reports_errors
 def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse,
-                       micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
+                       ems_plane, pool_nodes, kv_transfer, decode_dp, micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
                        output):
     """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
     import json
@@ -329,7 +338,8 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
     from cmemu.output.atomic import atomic_open, check_output
     from cmemu.run import DEFAULT_SYSTEM
     from cmemu.spec import load_system
-    from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace, prefill_trace
+    from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace
+    from cmemu.trace.ems_fetch import prefill_step
 
     check_output(output)  # before the work: a target that cannot be written should not cost it
     spec = load_system(system or DEFAULT_SYSTEM, overrides)
@@ -337,8 +347,10 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
         cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
                             micro_batches=int(micro_batches), int8=int8, reuse=reuse,
                             dispatch_engine=dispatch_engine or "sdma", skew=skew, layers=layers, seed=seed)
-        doc = prefill_trace(cfg, spec.name, spec.dies)
+        cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp)
         what = f"{cfg.requests} request(s) x {cfg.prompt_len} tokens"
+        if cfg.reused_tokens:
+            what += f", {cfg.reused_tokens} reused ({'in HBM' if ems_plane == 'hbm' else 'EMS over ' + ems_plane.upper()})"
     else:
         cfg = DecodeConfig(ep=ep or min(320, spec.dies), tokens_per_die=tokens_per_die, kv_len=kv_len,
                            micro_batches=int(micro_batches), mtp=mtp, mtp_acceptance=mtp_acceptance, int8=int8,

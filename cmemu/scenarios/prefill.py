@@ -22,12 +22,15 @@ import numpy as np
 
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.scenarios.decode import _exposed, _union
-from cmemu.trace.deepseek import DENSE_LAYERS, LAYERS, PrefillConfig, prefill_trace
+from cmemu.trace.deepseek import DENSE_LAYERS, LAYERS, PrefillConfig
+from cmemu.trace.ems_fetch import prefill_step
 
 CLASSES = (
     ("mla_prolog_sp", ("rmsnorm_in", "q_down", "rmsnorm_q", "kv_down", "rmsnorm_kv", "rope_k")),
     ("attn_gather", ("attn_gather",)),
     ("kv_fetch", ("kv_fetch",)),
+    ("ems_fetch", ("ems_fetch", "ssd_read")),
+    ("ems_gather", ("ems_gather",)),
     ("mla_prolog_tp", ("q_up", "kv_up", "rope_q")),
     ("attention", ("attention",)),
     ("attn_a2a", ("attn_a2a",)),
@@ -38,6 +41,7 @@ CLASSES = (
     ("expert_mlp", ("expert_up", "expert_swiglu", "expert_down")),
     ("combine", ("combine",)),
     ("sampling", ("lm_head", "softmax")),
+    ("kv_transfer", ("kv_send", "kv_recv")),
 )
 COMM_CLASSES = ("attn_gather", "attn_a2a", "dispatch", "combine")
 _CLASS_OF = {leaf: cls for cls, leaves in CLASSES for leaf in leaves}
@@ -60,8 +64,8 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
     names = result.lowered.op_name
     start, end = result.op_start_ps, result.op_end_ps
     rank = result.lowered.op_rank
-    step_ps = int(end.max())
     classes = np.array([_class_of(n) for n in names])
+    step_ps = int(end[classes != "kv_transfer"].max())  # the first token is out before the KV moves on
     per_class = {}
     for cls, _ in CLASSES:
         m = classes == cls
@@ -71,7 +75,10 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
     dense_ps = times[cfg.dense_layers - 1] if cfg.dense_layers else None
     moe_ps = times[-1] if cfg.layers > cfg.dense_layers else None
     is_comm = np.isin(classes, COMM_CLASSES)
-    is_compute = ~is_comm & (classes != "kv_fetch")
+    is_compute = ~is_comm & ~np.isin(classes, ("kv_fetch", "ems_fetch", "ems_gather"))
+    ems = classes == "ems_gather"
+    if ems.any() and cfg.dense_layers < 2:
+        dense_ps = None  # layer 0 waits for the EMS fetch: its time is no dense layer's (simulate 3 layers)
     exposed = []
     for r in range(cfg.ep):
         mine = rank == r
@@ -88,6 +95,8 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
         "tokens_per_s_per_npu": round(tokens / (step_ps / 1e12) / npus, 1),
         "exposed_comm_us": round(float(np.mean(exposed)) / 1e6, 1),
     }
+    if ems.any():
+        out["ems_prefix_in_hbm_ms"] = round(int(end[ems].max()) / 1e9, 3)
     if cfg.layers < LAYERS and moe_ps and dense_ps:
         full_ps = (step_ps + (DENSE_LAYERS - cfg.dense_layers) * dense_ps
                    + (LAYERS - DENSE_LAYERS - (cfg.layers - cfg.dense_layers)) * moe_ps)
@@ -96,9 +105,29 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
     return out, per_class
 
 
-def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None):
-    doc = prefill_trace(cfg, spec.name, spec.dies)
-    return prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
+def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None, ems_plane="hbm",
+                pool_nodes=None, kv_transfer=False, decode_dp=320):
+    """Simulate one prefill step (cmemu.trace.ems_fetch.prefill_step): (metrics, time by class,
+    KV arrivals or None)."""
+    cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp)
+    result = run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory)
+    metrics, per_class = prefill_metrics(cfg, result)
+    if ems_plane != "hbm" and cfg.reused_tokens:
+        metrics = {"reused_tokens_per_prompt": cfg.reused_tokens, **metrics}
+    return metrics, per_class, (kv_arrivals(doc, result) if kv_transfer else None)
+
+
+def kv_arrivals(doc, result) -> list[dict]:
+    """When each request's KV cache is in its decode die's HBM (the end of its kv_recv)."""
+    names, end = result.lowered.op_name, result.op_end_ps
+    send_die = {n["name"].split(".")[1]: n["rank"] for n in doc["nodes"] if n["name"].endswith(".kv_send")}
+    rows = []
+    for i, name in enumerate(names):
+        if name.startswith("kv.") and name.endswith(".kv_recv"):
+            req = name.split(".")[1]
+            rows.append({"request": int(req[1:]), "from_die": send_die[req], "to_die": int(result.lowered.op_rank[i]),
+                         "kv_bytes": int(result.lowered.op_bytes[i]), "arrived_ms": round(int(end[i]) / 1e9, 3)})
+    return sorted(rows, key=lambda r: r["request"])
 
 
 @scenario_command("prefill")
@@ -113,20 +142,39 @@ def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: in
 @click.option("--int8/--bf16", default=True, show_default=True, help="Weights and activations of the matmuls.")
 @click.option("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="EMS context-cache reuse rate: share of each prompt's KV fetched, not recomputed.")
+@click.option("--ems-plane", type=click.Choice(["ub", "vpc", "hbm"]), default="ub", show_default=True,
+              help="Where the reused KV comes from: the EMS pool over UB or over the VPC plane (rounded down to "
+                   "whole blocks), or already in the die's HBM (no fetch).")
+@click.option("--pool-nodes", type=click.IntRange(min=1), default=None,
+              help="Nodes whose CPUs form the EMS pool [default: all].")
+@click.option("--kv-transfer", is_flag=True, help="Send each request's KV to its decode die over RDMA after its "
+              "last layer, and report when it arrives.")
+@click.option("--decode-dp", type=click.IntRange(min=1), default=320, show_default=True,
+              help="With --kv-transfer: decode DP ranks (one die each, after the prefill dies).")
 @click.option("--dispatch-engine", type=click.Choice(["sdma", "aiv"]), default="sdma", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @run_options
-@click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
-              help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61).")
-def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, dispatch_engine, skew, fabric,
-            max_memory, layers):
+@click.option("--layers", type=click.IntRange(1, LAYERS), default=None,
+              help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61) [default: 2; 3 with an EMS "
+                   "fetch, whose wait is in layer 0, so that a dense layer's time is layer 1's].")
+def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, ems_plane, pool_nodes, kv_transfer,
+            decode_dp, dispatch_engine, skew, fabric, max_memory, layers):
     """DeepSeek-R1 prefill step (CloudMatrix-Infer, EP32, SP -> TP -> SP attention): TTFT, per-layer
     time, prompt tokens/s per NPU, time by op class, exposed communication."""
+    if layers is None:
+        layers = 3 if reuse and ems_plane != "hbm" else 2
     cfg = PrefillConfig(ep=ep, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
                         micro_batches=int(micro_batches), int8=int8, reuse=reuse, dispatch_engine=dispatch_engine,
                         skew=skew, layers=layers)
     params = {"ep": ep, "prompt_len": prompt_len, "requests": requests, "attn_tp": attn_tp,
               "micro_batches": cfg.micro_batches, "dtype": "int8" if int8 else "bf16", "reuse": reuse,
               "dispatch_engine": dispatch_engine, "layers": layers, "fabric": fabric}
-    metrics, per_class = run_prefill(spec, cfg, fabric, max_memory)
-    return params, {"prefill step": [metrics], "mean busy time per die by op class (us)": [per_class]}
+    if reuse:
+        params["ems_plane"] = ems_plane
+    metrics, per_class, arrivals = run_prefill(spec, cfg, fabric, max_memory, ems_plane, pool_nodes, kv_transfer,
+                                               decode_dp)
+    tables = {"prefill step": [metrics], "mean busy time per die by op class (us)": [per_class]}
+    if arrivals is not None:
+        params["decode_dp"] = decode_dp
+        tables["KV cache at its decode die (RDMA)"] = arrivals
+    return params, tables

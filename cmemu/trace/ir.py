@@ -74,6 +74,7 @@ COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile
                     "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.queries_per_request", "cmemu.rows",
                     "cmemu.cols")
 COMM_PLANES = ("ub", "rdma", "vpc")
+MEM_PLANES = ("ub", "vpc")  # a CPU is on UB and the VPC plane, not on RDMA
 
 # JSON numbers beyond 2**53 are not exact in a double, so no tool chain can be trusted with them.
 MAX_INT = 2**53
@@ -564,7 +565,8 @@ _ATTR_CHECKS = {
         "comm_tag": _as_size,
         "cmemu.plane": _as_choice(COMM_PLANES),
     },
-    "MEM_LOAD": {"tensor_size": _as_size},
+    # cmemu.src_cpu: a load from that CPU socket's DRAM (the EMS pool) over UB or the VPC plane.
+    "MEM_LOAD": {"tensor_size": _as_size, "cmemu.src_cpu": _as_size, "cmemu.plane": _as_choice(MEM_PLANES)},
     "MEM_STORE": {"tensor_size": _as_size},
     "COMM_COLL": {
         "comm_type": _as_choice(COLL_TYPES),
@@ -605,7 +607,7 @@ _DEFAULT_ATTRS = {
 }
 _COMM_PEER = {"COMM_SEND": "comm_dst", "COMM_RECV": "comm_src"}
 # Node types whose attributes the system checks too (_check's node_check: cores, op sizes).
-_SYSTEM_CHECKED = frozenset({"COMP", "COMM_COLL"})
+_SYSTEM_CHECKED = frozenset({"COMP", "COMM_COLL", "MEM_LOAD"})
 # Only meaningful when a COMP's time is derived from its work (num_ops), not fixed.
 _COMP_WORK_DEFAULTS = {"tensor_size": 0, "cmemu.dtype": "bf16"}
 
@@ -1053,6 +1055,9 @@ def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
     for key in _REQUIRED_ATTRS[ntype]:
         if key not in raw:
             err(i, f"{pre}missing: a {ntype} node needs attrs.{key}", label, key)
+    if ntype == "MEM_LOAD" and "cmemu.plane" in raw and "cmemu.src_cpu" not in raw:
+        err(i, f"{pre}only applies with cmemu.src_cpu (a load from a CPU's memory); a load from the die's own "
+            "HBM crosses no network", label, "cmemu.plane")
     if ntype == "COMP":
         has_time = "cmemu.duration_ns" in raw
         op = attrs.get("cmemu.op")
