@@ -215,8 +215,9 @@ def test_kv_transfer_mapping_and_arrival():
     metrics, _, _ = run_prefill(spec, cfg, ems_plane="hbm")
     assert [a["to_die"] for a in arrivals] == [16, 17, 18, 19]
     # The RDMA plane is the transfers' alone (they share only the dies' DMA issue slots): the step
-    # is the same within 0.1%, and its TTFT is the step's, not the transfers'.
-    assert with_kv == pytest.approx(metrics, rel=1e-3)
+    # is the same within 1%, and its TTFT is the step's, not the transfers'.
+    assert with_kv["ttft_ms"] == metrics["ttft_ms"]
+    assert with_kv == pytest.approx(metrics, rel=1e-2)
     # Each KV leaves after its request's last attention, and then takes at least its bytes at
     # 200 Gb/s.
     r = run_doc(doc, spec)
