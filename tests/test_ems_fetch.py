@@ -244,12 +244,12 @@ def test_context_cache_rows_are_consistent():
     [rows] = tables.values()
     zero, half = rows
     assert params["requests"] == 8 and params["layers_simulated"] == 3
-    assert zero["ub_gain"] == zero["vpc_gain"] == zero["ub_over_vpc"] == 1.0
+    assert zero["ub_gain_ratio"] == zero["vpc_gain_ratio"] == zero["ub_over_vpc_ratio"] == 1.0
     assert zero["ub_tokens_per_s_per_npu"] == zero["no_cache_tokens_per_s_per_npu"]
     assert half["reused_tokens_per_prompt"] == 128
     for plane in ("ub", "vpc"):
-        assert half[f"{plane}_gain"] == round(half[f"{plane}_tokens_per_s_per_npu"] / half["no_cache_tokens_per_s_per_npu"], 3)
-    assert half["ub_over_vpc"] == round(half["ub_tokens_per_s_per_npu"] / half["vpc_tokens_per_s_per_npu"], 3)
+        assert half[f"{plane}_gain_ratio"] == round(half[f"{plane}_tokens_per_s_per_npu"] / half["no_cache_tokens_per_s_per_npu"], 3)
+    assert half["ub_over_vpc_ratio"] == round(half["ub_tokens_per_s_per_npu"] / half["vpc_tokens_per_s_per_npu"], 3)
     assert half["no_cache_ttft_ms"] == zero["no_cache_ttft_ms"]  # one step without caching for every rate
     # Throughput and TTFT agree: tokens per step / TTFT / NPUs.
     for row in rows:

@@ -90,8 +90,8 @@ def command(spec, prompt_len, tokens_per_npu, reuse, pool_nodes, fabric, max_mem
             row[f"{plane}_ttft_ms"] = ttft
             row[f"{plane}_prefix_in_hbm_ms"] = ready
         for plane in ("ub", "vpc"):
-            row[f"{plane}_gain"] = round(row[f"{plane}_tokens_per_s_per_npu"] / none_tps, 3)
-        row["ub_over_vpc"] = round(row["ub_tokens_per_s_per_npu"] / row["vpc_tokens_per_s_per_npu"], 3)
+            row[f"{plane}_gain_ratio"] = round(row[f"{plane}_tokens_per_s_per_npu"] / none_tps, 3)
+        row["ub_over_vpc_ratio"] = round(row["ub_tokens_per_s_per_npu"] / row["vpc_tokens_per_s_per_npu"], 3)
         rows.append(row)
     params = {"ep": EP, "npus": npus, "attn_tp": ATTN_TP, "prompt_len": prompt_len, "requests": requests,
               "prompt_tokens_per_npu": tokens_per_npu, "block_tokens": spec.ems.block_tokens,
