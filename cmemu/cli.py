@@ -309,6 +309,8 @@ def trace_gen():
                    "reuse rounded down to whole blocks), or already in HBM.")
 @click.option("--pool-nodes", type=click.IntRange(min=1), default=None,
               help="Prefill: nodes whose CPUs form the EMS pool [default: all].")
+@click.option("--ems-fetch", type=click.Choice(["whole", "layerwise"]), default="whole", show_default=True,
+              help="Prefill: the EMS fetch waited for whole before layer 0, or read and waited for layer by layer.")
 @click.option("--kv-transfer", is_flag=True,
               help="Prefill: add each request's KV cache sent to its decode die over RDMA after its last layer.")
 @click.option("--decode-dp", type=click.IntRange(min=1), default=320, show_default=True,
@@ -330,7 +332,7 @@ def trace_gen():
               help="Trace file to write (.json, or .jsonl for one node per line).")
 @reports_errors
 def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse,
-                       ems_plane, pool_nodes, kv_transfer, decode_dp, micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
+                       ems_plane, pool_nodes, ems_fetch, kv_transfer, decode_dp, micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
                        output):
     """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
     import json
@@ -347,7 +349,7 @@ def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, pro
         cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
                             micro_batches=int(micro_batches), int8=int8, reuse=reuse,
                             dispatch_engine=dispatch_engine or "sdma", skew=skew, layers=layers, seed=seed)
-        cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp)
+        cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp, ems_fetch == "layerwise")
         what = f"{cfg.requests} request(s) x {cfg.prompt_len} tokens"
         if cfg.reused_tokens:
             what += f", {cfg.reused_tokens} reused ({'in HBM' if ems_plane == 'hbm' else 'EMS over ' + ems_plane.upper()})"

@@ -54,11 +54,13 @@ def parse_rates(text: str) -> list[float]:
 @click.option("--reuse", default=RATES, show_default=True, help="Token reuse rates (comma-separated, 0 <= r < 1).")
 @click.option("--pool-nodes", type=click.IntRange(min=1), default=None,
               help="Nodes whose CPUs form the EMS pool [default: all].")
+@click.option("--ems-fetch", type=click.Choice(["whole", "layerwise"]), default="whole", show_default=True,
+              help="The fetch waited for whole before layer 0, or read and waited for layer by layer.")
 @run_options
 @click.option("--layers", type=click.IntRange(3, LAYERS), default=3, show_default=True,
               help="Layers to simulate (3 or more: layer 0 waits for the fetch, so layer 1 is the dense layer "
                    "the extrapolation to 61 takes).")
-def command(spec, prompt_len, tokens_per_npu, reuse, pool_nodes, fabric, max_memory, layers):
+def command(spec, prompt_len, tokens_per_npu, reuse, pool_nodes, ems_fetch, fabric, max_memory, layers):
     """EMS context caching in DeepSeek-R1 prefill by token reuse rate: prompt tokens/s per NPU and
     TTFT with EMS over UB, over VPC and without caching, and the gains."""
     rates = parse_rates(reuse)
@@ -71,7 +73,8 @@ def command(spec, prompt_len, tokens_per_npu, reuse, pool_nodes, fabric, max_mem
     PrefillConfig(**base).check(spec.dies)  # a clear error before any run
 
     def step(rate, plane):
-        metrics, _, _ = run_prefill(spec, PrefillConfig(reuse=rate, **base), fabric, max_memory, plane, pool_nodes)
+        metrics, _, _ = run_prefill(spec, PrefillConfig(reuse=rate, **base), fabric, max_memory, plane, pool_nodes,
+                                    layerwise=ems_fetch == "layerwise")
         return metrics
 
     none_tps, none_ttft = _figures(step(0.0, "hbm"), layers)
@@ -95,7 +98,8 @@ def command(spec, prompt_len, tokens_per_npu, reuse, pool_nodes, fabric, max_mem
         rows.append(row)
     params = {"ep": EP, "npus": npus, "attn_tp": ATTN_TP, "prompt_len": prompt_len, "requests": requests,
               "prompt_tokens_per_npu": tokens_per_npu, "block_tokens": spec.ems.block_tokens,
-              "pool_nodes": pool_nodes or spec.nodes, "layers_simulated": layers, "fabric": fabric}
+              "pool_nodes": pool_nodes or spec.nodes, "ems_fetch": ems_fetch, "layers_simulated": layers,
+              "fabric": fabric}
     title = ("by reuse rate (61 layers, extrapolated from the last simulated dense and MoE layer)" if layers < LAYERS
              else "by reuse rate (61 layers, simulated)")
     return params, {title: rows}

@@ -106,10 +106,10 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
 
 
 def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None, ems_plane="hbm",
-                pool_nodes=None, kv_transfer=False, decode_dp=320):
+                pool_nodes=None, kv_transfer=False, decode_dp=320, layerwise=False):
     """Simulate one prefill step (cmemu.trace.ems_fetch.prefill_step): (metrics, time by class,
     KV arrivals or None)."""
-    cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp)
+    cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp, layerwise)
     result = run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory)
     metrics, per_class = prefill_metrics(cfg, result)
     if ems_plane != "hbm" and cfg.reused_tokens:
@@ -147,6 +147,8 @@ def kv_arrivals(doc, result) -> list[dict]:
                    "whole blocks), or already in the die's HBM (no fetch).")
 @click.option("--pool-nodes", type=click.IntRange(min=1), default=None,
               help="Nodes whose CPUs form the EMS pool [default: all].")
+@click.option("--ems-fetch", type=click.Choice(["whole", "layerwise"]), default="whole", show_default=True,
+              help="The EMS fetch waited for whole before layer 0, or read and waited for layer by layer.")
 @click.option("--kv-transfer", is_flag=True, help="Send each request's KV to its decode die over RDMA after its "
               "last layer, and report when it arrives.")
 @click.option("--decode-dp", type=click.IntRange(min=1), default=320, show_default=True,
@@ -157,8 +159,8 @@ def kv_arrivals(doc, result) -> list[dict]:
 @click.option("--layers", type=click.IntRange(1, LAYERS), default=None,
               help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61) [default: 2; 3 with an EMS "
                    "fetch, whose wait is in layer 0, so that a dense layer's time is layer 1's].")
-def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, ems_plane, pool_nodes, kv_transfer,
-            decode_dp, dispatch_engine, skew, fabric, max_memory, layers):
+def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, ems_plane, pool_nodes, ems_fetch,
+            kv_transfer, decode_dp, dispatch_engine, skew, fabric, max_memory, layers):
     """DeepSeek-R1 prefill step (CloudMatrix-Infer, EP32, SP -> TP -> SP attention): TTFT, per-layer
     time, prompt tokens/s per NPU, time by op class, exposed communication."""
     if layers is None:
@@ -171,8 +173,10 @@ def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse,
               "dispatch_engine": dispatch_engine, "layers": layers, "fabric": fabric}
     if reuse:
         params["ems_plane"] = ems_plane
+        if ems_plane != "hbm":
+            params["ems_fetch"] = ems_fetch
     metrics, per_class, arrivals = run_prefill(spec, cfg, fabric, max_memory, ems_plane, pool_nodes, kv_transfer,
-                                               decode_dp)
+                                               decode_dp, ems_fetch == "layerwise")
     tables = {"prefill step": [metrics], "mean busy time per die by op class (us)": [per_class]}
     if arrivals is not None:
         params["decode_dp"] = decode_dp

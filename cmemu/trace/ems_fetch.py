@@ -67,9 +67,13 @@ def _pool(spec, pool_nodes: int | None, nbytes: int) -> EMSPool:
                          f"a block is {nbytes:,} B)") from None
 
 
-def add_ems_fetch(doc: dict, cfg, spec, plane: str = "ub", pool_nodes: int | None = None) -> dict:
+def add_ems_fetch(doc: dict, cfg, spec, plane: str = "ub", pool_nodes: int | None = None,
+                  layerwise: bool = False) -> dict:
     """The prefill trace ``doc`` (of ``cfg``, a PrefillConfig) with the EMS fetch of every
-    request's reused prefix added (module docstring). Returns a new document."""
+    request's reused prefix added (module docstring). ``layerwise``: each block is read layer
+    by layer (its layer i part, 1/61 of it, for each simulated layer i, in layer order from the
+    same socket), gathered per layer, and layer i's KV load waits for layer i's part only.
+    Returns a new document."""
     if plane not in EMS_PLANES:
         raise CmemuError(f"--ems-plane must be one of {', '.join(EMS_PLANES)}, got {plane!r}")
     reused = cfg.reused_tokens
@@ -119,31 +123,41 @@ def add_ems_fetch(doc: dict, cfg, spec, plane: str = "ub", pool_nodes: int | Non
                               "attrs": {"cmemu.duration_ns": round(ssd_busy_ns[node], 3)}})
                 deps.append(next_id)
                 next_id += 1
-            node = {"id": next_id, "name": f"{tag}.ems_fetch", "type": "MEM_LOAD", "rank": die, "stream": stream,
-                    "attrs": {"tensor_size": (dram + ssd) * nbytes, "cmemu.src_cpu": cpu, "cmemu.plane": plane}}
-            if deps:
-                node["data_deps"] = deps
-            nodes.append(node)
-            loads.append(next_id)
-            next_id += 1
+            parts = range(cfg.layers) if layerwise else [None]
+            for layer in parts:
+                size = (dram + ssd) * nbytes // (LAYERS if layerwise else 1)
+                name = f"{tag}.ems_fetch" if layer is None else f"{tag}.L{layer}.ems_fetch"
+                node = {"id": next_id, "name": name, "type": "MEM_LOAD", "rank": die, "stream": stream,
+                        "attrs": {"tensor_size": size, "cmemu.src_cpu": cpu, "cmemu.plane": plane}}
+                if deps:
+                    node["data_deps"] = deps
+                    deps = []
+                nodes.append(node)
+                loads.append((layer, next_id))
+                next_id += 1
         gather[(die, mb)] = loads
     # Every die of a group contributes the same bytes to the all-gather: the largest share.
     share = defaultdict(int)
     for (die, mb), sockets in reads.items():
-        mine = sum(d + s for d, s in sockets.values()) * nbytes
+        mine = sum(d + s for d, s in sockets.values()) * nbytes // (LAYERS if layerwise else 1)
         share[(die // G, mb)] = max(share[(die // G, mb)], mine)
     first_load = {}
     for mb in range(cfg.micro_batches):
-        for die in range(cfg.ep):
-            node = {"id": next_id, "name": f"ems.mb{mb}.ems_gather", "type": "COMM_COLL", "rank": die,
-                    "stream": stream0 - cfg.micro_batches + mb,  # the micro-batch's copy stream, first
-                    "attrs": {"comm_type": "ALL_GATHER", "cmemu.group": f"tp{die // G}",
-                              "comm_size": share[(die // G, mb)], "cmemu.engine": "sdma"}}
-            if gather.get((die, mb)):
-                node["data_deps"] = gather[(die, mb)]
-            nodes.append(node)
-            first_load[(die, f"L0.mb{mb}.kv_fetch")] = next_id
-            next_id += 1
+        for layer in (range(cfg.layers) if layerwise else [None]):
+            for die in range(cfg.ep):
+                if layer is None:  # the micro-batch's copy stream, first
+                    name, stream = f"ems.mb{mb}.ems_gather", stream0 - cfg.micro_batches + mb
+                else:  # a stream of its own, so that layer i's load waits for layer i's part alone
+                    name, stream = f"ems.mb{mb}.L{layer}.ems_gather", 2**20 + mb * cfg.layers + layer
+                node = {"id": next_id, "name": name, "type": "COMM_COLL", "rank": die, "stream": stream,
+                        "attrs": {"comm_type": "ALL_GATHER", "cmemu.group": f"tp{die // G}",
+                                  "comm_size": share[(die // G, mb)], "cmemu.engine": "sdma"}}
+                mine = [i for part, i in gather.get((die, mb), []) if part == layer]
+                if mine:
+                    node["data_deps"] = mine
+                nodes.append(node)
+                first_load[(die, f"L{layer or 0}.mb{mb}.kv_fetch")] = next_id
+                next_id += 1
     rest = []
     for n in doc["nodes"]:
         dep = first_load.get((n["rank"], n["name"]))
@@ -152,9 +166,11 @@ def add_ems_fetch(doc: dict, cfg, spec, plane: str = "ub", pool_nodes: int | Non
         rest.append(n)
     out = dict(doc)
     out["nodes"] = nodes + rest
-    out["description"] = doc.get("description", "") + f", EMS fetch over {plane.upper()}"
+    out["description"] = doc.get("description", "") + f", EMS fetch over {plane.upper()}" + (
+        " layer by layer" if layerwise else "")
     gen = dict(doc.get("cmemu.generator", {}))
-    gen["ems"] = {"plane": plane, "pool_nodes": spec.nodes if pool_nodes is None else pool_nodes,
+    gen["ems"] = {"plane": plane, "fetch": "layerwise" if layerwise else "whole",
+                  "pool_nodes": spec.nodes if pool_nodes is None else pool_nodes,
                   "block_tokens": bt, "block_bytes": nbytes, "blocks": sum(len(v) for v in keys.values()),
                   "ssd_blocks": sum(s for socks in reads.values() for _, s in socks.values())}
     out["cmemu.generator"] = gen
@@ -162,10 +178,10 @@ def add_ems_fetch(doc: dict, cfg, spec, plane: str = "ub", pool_nodes: int | Non
 
 
 def prefill_step(cfg, spec, ems_plane: str = "ub", pool_nodes: int | None = None, kv_transfer: bool = False,
-                 decode_dp: int = 320):
+                 decode_dp: int = 320, layerwise: bool = False):
     """One prefill step's trace: ``prefill_trace`` of ``cfg``, then with a context-cache hit the
     EMS fetch over ``ems_plane`` ("ub" or "vpc"; "hbm": the reused KV is in the die's HBM already,
-    no fetch), and with ``kv_transfer`` every request's KV sent to its decode die over RDMA
+    no fetch; ``layerwise``: read layer by layer), and with ``kv_transfer`` every request's KV sent to its decode die over RDMA
     (cmemu.trace.kv_transfer). With EMS the reuse rate is rounded down to whole blocks
     (``ems_reuse``). Returns (the PrefillConfig used, the document)."""
     import dataclasses
@@ -179,7 +195,7 @@ def prefill_step(cfg, spec, ems_plane: str = "ub", pool_nodes: int | None = None
         cfg = dataclasses.replace(cfg, reuse=ems_reuse(cfg.reuse, cfg.prompt_len, spec.ems.block_tokens))
     doc = prefill_trace(cfg, spec.name, spec.dies)
     if ems_plane != "hbm":
-        doc = add_ems_fetch(doc, cfg, spec, ems_plane, pool_nodes)
+        doc = add_ems_fetch(doc, cfg, spec, ems_plane, pool_nodes, layerwise)
     if kv_transfer:
         doc = add_kv_transfer(doc, cfg, spec.dies, decode_dp)
     return cfg, doc
