@@ -1,89 +1,17 @@
 """The ``cmemu`` command line. Every CmemuError becomes one line on stderr and exit status 2."""
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import click
 
+from cmemu.clihelpers import EXIT_INPUT_ERROR, interrupted_exit, one_line, reports_errors
 from cmemu.errors import CmemuError
-from cmemu.scenarios.common import MemorySize
-
-EXIT_INPUT_ERROR = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report a command stopped by kill or timeout
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (kill, timeout, batch schedulers), raised where Python runs signal handlers, so
-    that it unwinds and cleans up exactly as Ctrl-C does (a KeyboardInterrupt, not an Exception:
-    no ``except Exception`` takes it for an error)."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM raises Terminated for the block (in the main thread, where handlers run; not
-    where SIGTERM was set to be ignored), then is handled as before."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def interrupted_exit(exc: KeyboardInterrupt, message: str) -> None:
-    """One line ``cmemu: interrupted; MESSAGE`` (``terminated`` for SIGTERM), exit 130 or 143."""
-    term = isinstance(exc, Terminated)
-    click.echo(f"cmemu: {'terminated' if term else 'interrupted'}; {message}", err=True)
-    sys.exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED)
-
-
-def _one_line(message: str) -> str:
-    return " ".join(str(message).splitlines())
-
-
-def _fail(message: str) -> None:
-    click.echo(f"cmemu: error: {_one_line(message)}", err=True)
-    sys.exit(EXIT_INPUT_ERROR)
-
-
-def reports_errors(fn):
-    """Turn CmemuError (bad trace, bad preset, blocked run, unwritable output) into one line and
-    exit status 2, and Ctrl-C (SIGTERM) into one line and exit status 130 (143). Output files
-    are only ever renamed into place when complete (cmemu.output.atomic), so an interrupted
-    command leaves none; the line names any it had renamed into place before the interrupt."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from cmemu.output.atomic import COMMITTED
-
-        before = len(COMMITTED)
-        try:
-            with sigterm_as_interrupt():
-                return fn(*args, **kwargs)
-        except CmemuError as exc:
-            _fail(str(exc))
-        except KeyboardInterrupt as exc:
-            written = COMMITTED[before:]
-            interrupted_exit(exc, f"wrote {', '.join(map(str, written))} before it" if written
-                             else "no output written")
-
-    return wrapper
-
+from cmemu.generators import GENERATORS
+from cmemu.options import DEFAULT_SYSTEM, RUN_OPTIONS
 
 def _system_options(fn):
     fn = click.option(
@@ -108,30 +36,15 @@ def main():
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="HDF5 timeline to write [default: TRACE's name with .h5, in the current folder].")
 @_system_options
-@click.option("--engine", type=click.Choice(["native", "reference"]), default="native", show_default=True,
-              help="The Cython kernel, or its pure-Python reference (slow; for checking).")
+@RUN_OPTIONS["engine"].option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress line and no summary.")
-@click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
-              help="Fail early instead of swapping if the run would need more, e.g. 2GB, 512MiB "
-                   "[default: 3/4 of physical memory].")
-@click.option("--compression", type=click.Choice(["gzip", "lzf", "none"]), default="gzip", show_default=True,
-              help="Timeline compression: gzip (with shuffle; smallest), lzf (faster), none.")
-@click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
-              help="What the timeline records: ops; ops and pipe/engine tasks; packets: tasks and every "
-                   "packet on every link (/packets; small runs only: a warning above 1 M records, refused "
-                   "above 50 M or past --max-memory).")
-@click.option("--link-bin-ns", type=click.FloatRange(min=0), default=10_000, show_default=True,
-              help="Width of the time bins of the per-link byte and busy-time counters, in ns (0: off).")
-@click.option("--fail", multiple=True, metavar="PART",
-              help="Take a part out of service: link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID (repeatable).")
-@click.option("--pipe-intervals", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Most busy intervals per COMP op and pipe in /tasks (the die model's tile schedule merged; "
-                   "fewer when a big run would pass 4 million rows).")
-@click.option("--fabric", "fabric_model", type=click.Choice(["packet", "message"]), default="packet",
-              show_default=True,
-              help="Fabric model. packet: every packet on every link. message: a write packet's whole path is "
-                   "reserved when it is issued, in each link's idle time, with no events of its own (many times "
-                   "faster on big MoE steps; no credit flow control; see docs/model.md); reads stay packets.")
+@RUN_OPTIONS["max_memory"].option()
+@RUN_OPTIONS["compression"].option()
+@RUN_OPTIONS["detail"].option()
+@RUN_OPTIONS["link_bin_ns"].option()
+@RUN_OPTIONS["fail"].option()
+@RUN_OPTIONS["pipe_intervals"].option()
+@RUN_OPTIONS["fabric_model"].option()
 @reports_errors
 def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
         pipe_intervals, fabric_model):
@@ -174,7 +87,6 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
 @reports_errors
 def topo(system, overrides, as_json):
     """Print the wiring of a system: dies, CPUs, switch chips, links, L2 ports, bisection."""
-    from cmemu.run import DEFAULT_SYSTEM
     from cmemu.spec import load_system
     from cmemu.topology import build_topology
 
@@ -249,15 +161,12 @@ def trace():
               help="Check ranks against this preset [default: the trace's system, else cloudmatrix384].")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
               help="Override a spec field, as for `cmemu run` (repeatable).")
-@click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
-              help="The memory limit `cmemu run --max-memory` would have [default: 3/4 of physical memory].")
-@click.option("--link-bin-ns", type=float, default=10_000, show_default=True,
-              help="As for `cmemu run` (the binned series' memory depends on it).")
-@click.option("--detail", type=click.Choice(["ops", "tasks", "packets"]), default="tasks", show_default=True,
-              help="As for `cmemu run`.")
-@click.option("--fail", multiple=True, metavar="PART", help="As for `cmemu run` (repeatable).")
-@click.option("--fabric", "fabric_model", type=click.Choice(["packet", "message"]), default="packet",
-              show_default=True, help="As for `cmemu run`.")
+@RUN_OPTIONS["max_memory"].option(
+    help="The memory limit `cmemu run --max-memory` would have [default: 3/4 of physical memory].")
+@RUN_OPTIONS["link_bin_ns"].option(type=float, help="As for `cmemu run` (the binned series' memory depends on it).")
+@RUN_OPTIONS["detail"].option(help="As for `cmemu run`.")
+@RUN_OPTIONS["fail"].option(help="As for `cmemu run` (repeatable).")
+@RUN_OPTIONS["fabric_model"].option(help="As for `cmemu run`.")
 @reports_errors
 def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fail, fabric_model):
     """Check TRACE as `cmemu run` would before it simulates: every problem, one line each.
@@ -275,7 +184,7 @@ def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fai
                            link_bin_ns=link_bin_ns, fail=fail, fabric_model=fabric_model)
     except TraceError as exc:
         problems = getattr(exc, "problems", None) or [exc]
-        sys.stderr.write("".join(f"{_one_line(e)}\n" for e in problems))
+        sys.stderr.write("".join(f"{one_line(e)}\n" for e in problems))
         sys.exit(EXIT_INPUT_ERROR)
     nodes = prep.trace.nodes
     messages = sum(1 for node in nodes if node.type == "COMM_SEND")
@@ -287,89 +196,33 @@ def trace_gen():
     """Generate traces of model workloads."""
 
 
-@trace_gen.command("deepseek-r1")
-@click.option("--phase", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True,
-              help="Step to generate.")
-@_system_options
-@click.option("--ep", type=click.IntRange(min=2), default=None,
-              help="EP degree [default: decode 320, or all dies if fewer; prefill 32].")
-@click.option("--tokens-per-die", type=click.IntRange(min=1), default=96, show_default=True,
-              help="Decode: tokens each die processes per step, speculative ones included.")
-@click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True)
-@click.option("--prompt-len", type=click.IntRange(min=1), default=4096, show_default=True,
-              help="Prefill: tokens per prompt.")
-@click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Prefill: requests per step (a multiple of micro-batches x EP / attn-tp).")
-@click.option("--attn-tp", type=click.IntRange(min=2), default=8, show_default=True,
-              help="Prefill: dies that split one request's attention heads (SP -> TP -> SP).")
-@click.option("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-              help="Prefill: EMS context-cache reuse rate (share of each prompt's KV fetched, not recomputed).")
-@click.option("--ems-plane", type=click.Choice(["ub", "vpc", "hbm"]), default="ub", show_default=True,
-              help="Prefill: where reused KV comes from: the EMS pool over UB or the VPC plane (fetch ops added, "
-                   "reuse rounded down to whole blocks), or already in HBM.")
-@click.option("--pool-nodes", type=click.IntRange(min=1), default=None,
-              help="Prefill: nodes whose CPUs form the EMS pool [default: all].")
-@click.option("--ems-fetch", type=click.Choice(["whole", "layerwise"]), default="whole", show_default=True,
-              help="Prefill: the EMS fetch waited for whole before layer 0, or read and waited for layer by layer.")
-@click.option("--kv-transfer", is_flag=True,
-              help="Prefill: add each request's KV cache sent to its decode die over RDMA after its last layer.")
-@click.option("--decode-dp", type=click.IntRange(min=1), default=320, show_default=True,
-              help="Prefill with --kv-transfer: decode DP ranks (one die each, after the prefill dies).")
-@click.option("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True)
-@click.option("--mtp/--no-mtp", default=True, show_default=True)
-@click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
-@click.option("--int8/--bf16", default=True, show_default=True, help="Weights and activations of the matmuls.")
-@click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default=None,
-              help="MoE dispatch/combine engine [default: aiv for decode, sdma for prefill].")
-@click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Zipf exponent of expert popularity (0: uniform).")
-@click.option("--layers", type=click.IntRange(1, 61), default=61, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--lm-head-tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Decode: dies that share the LM head's vocabulary (all-gather of the hidden states, then "
-                   "an all-to-all of the logits); 1: each die holds the whole head.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Trace file to write (.json, or .jsonl for one node per line).")
-@reports_errors
-def trace_gen_deepseek(phase, system, overrides, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse,
-                       ems_plane, pool_nodes, ems_fetch, kv_transfer, decode_dp, micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp,
-                       output):
-    """One decode or prefill step of DeepSeek-R1 in the CloudMatrix-Infer deployment (cmemu/trace/deepseek.py)."""
-    import json
+def _generator_command(gen):
+    """The `cmemu trace gen NAME` command of a generator of cmemu.generators."""
 
-    from cmemu.output.atomic import atomic_open, check_output
-    from cmemu.run import DEFAULT_SYSTEM
-    from cmemu.spec import load_system
-    from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_trace
-    from cmemu.trace.ems_fetch import prefill_step
+    @reports_errors
+    def command(system, overrides, output, **options):
+        from cmemu.output.atomic import atomic_open, check_output
+        from cmemu.spec import load_system
+        from cmemu.trace.writer import write_trace
 
-    check_output(output)  # before the work: a target that cannot be written should not cost it
-    spec = load_system(system or DEFAULT_SYSTEM, overrides)
-    if phase == "prefill":
-        cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
-                            micro_batches=int(micro_batches), int8=int8, reuse=reuse,
-                            dispatch_engine=dispatch_engine or "sdma", skew=skew, layers=layers, seed=seed)
-        cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp, ems_fetch == "layerwise")
-        what = f"{cfg.requests} request(s) x {cfg.prompt_len} tokens"
-        if cfg.reused_tokens:
-            what += f", {cfg.reused_tokens} reused ({'in HBM' if ems_plane == 'hbm' else 'EMS over ' + ems_plane.upper()})"
-    else:
-        cfg = DecodeConfig(ep=ep or min(320, spec.dies), tokens_per_die=tokens_per_die, kv_len=kv_len,
-                           micro_batches=int(micro_batches), mtp=mtp, mtp_acceptance=mtp_acceptance, int8=int8,
-                           dispatch_engine=dispatch_engine or "aiv", skew=skew, layers=layers, seed=seed,
-                           lm_head_tp=lm_head_tp)
-        doc = decode_trace(cfg, spec.name, spec.dies)
-        what = f"{cfg.tokens_per_die} tokens/die"
-    with atomic_open(output, "w", encoding="utf-8") as f:
-        if output.suffix == ".jsonl":
-            f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"}) + "\n")
-            for node in doc["nodes"]:
-                f.write(json.dumps(node, separators=(",", ":")) + "\n")
-        else:
-            f.write(json.dumps({k: v for k, v in doc.items() if k != "nodes"})[:-1] + ', "nodes": [\n')
-            f.write(",\n".join(json.dumps(n, separators=(",", ":")) for n in doc["nodes"]))
-            f.write("\n]}\n")
-    click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {phase}, {cfg.layers} layer(s), EP{cfg.ep}, {what}")
+        check_output(output)  # before the work: a target that cannot be written should not cost it
+        doc, what = gen.build(load_system(system or DEFAULT_SYSTEM, overrides), **options)
+        with atomic_open(output, "w", encoding="utf-8") as f:
+            write_trace(doc, f, jsonl=output.suffix == ".jsonl")
+        click.echo(f"wrote {output}: {len(doc['nodes']):,} nodes, {what}")
+
+    command.__doc__ = gen.help
+    command = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+                           help="Trace file to write (.json, or .jsonl for one node per line).")(command)
+    for i, option in reversed(list(enumerate(gen.options))):
+        command = option.option()(command)
+        if i == gen.system_options_at:
+            command = _system_options(command)
+    return click.command(gen.name)(command)
+
+
+for _gen in GENERATORS.values():
+    trace_gen.add_command(_generator_command(_gen))
 
 
 @main.command()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -21,15 +20,13 @@ from cmemu.errors import CmemuError, DieFailedError, SimulationError, Unroutable
 from cmemu.faults import parse_failures
 from cmemu.lower import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
 from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
-from cmemu.spec import SystemSpec, load_system
+from cmemu.options import DEFAULT_COMPRESSION, DEFAULT_DETAIL, DEFAULT_FABRIC, DEFAULT_LINK_BIN_NS, DEFAULT_PIPE_INTERVALS
+from cmemu.spec import DEFAULT_SYSTEM, SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
-from cmemu.units import ns_to_ps
+from cmemu.units import default_memory_limit, format_bytes, ns_to_ps
 
-DEFAULT_SYSTEM = "cloudmatrix384"
-DEFAULT_LINK_BIN_NS = 10_000  # per-link counters in bins of 10 us (0 turns them off)
-# /tasks: the die model's busy intervals per COMP op and pipe (cmemu run --pipe-intervals), and the
-# most rows they may take in all (about 33 B each; the limit per op is halved until they fit).
-DEFAULT_PIPE_INTERVALS = 16
+# /tasks: the most rows the die model's busy intervals (DEFAULT_PIPE_INTERVALS per COMP op and pipe)
+# may take in all (about 33 B each; the limit per op is halved until they fit).
 MAX_PIPE_TASK_ROWS = 4_000_000
 EVENTS_PER_SLICE = 1 << 20
 PROGRESS_AFTER_S = 2.0
@@ -93,50 +90,6 @@ class MemoryLimitError(CmemuError):
     """A run would need more memory than --max-memory allows."""
 
 
-def parse_memory_size(text: str) -> int:
-    """Bytes from a size such as ``2GB``, ``512MiB``, ``1.5 GiB`` or ``1000000`` (bytes).
-
-    Decimal (kB, MB, GB, TB) and binary (KiB, MiB, GiB, TiB) units; a lower-case ``b`` would
-    mean bits, which cmemu never uses for memory, so it is refused.
-    """
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    s = str(text).strip()
-    num = s.rstrip("bBkKmMgGtTiI ")
-    unit = s[len(num):].strip()
-    if unit.endswith("b"):
-        raise ValueError(f"{text!r}: 'b' means bits; write memory sizes in bytes, e.g. 2GB or 512MiB")
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit.upper() not in units or not value >= 0 or value == float("inf"):
-        raise ValueError(f"{text!r} is not a memory size; write e.g. 2GB, 512MiB or 1000000 (bytes)")
-    return int(value * units[unit.upper()])
-
-
-def default_memory_limit() -> int:
-    """Three quarters of physical memory, or of the cgroup's limit when that is lower."""
-    try:
-        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        limit = 8 * 2**30
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                limit = min(limit, int(f.read().strip()))
-        except (OSError, ValueError):
-            continue
-    return limit * 3 // 4
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{int(n)} B"
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     """What a run will hold at its peak, in bytes, by part (docs/model.md, "Memory")."""
@@ -150,7 +103,7 @@ class MemoryEstimate:
     live_packets: int
     packet_records: int = 0  # --detail packets: transmissions of a packet on a link (estimated)
     records_bytes: int = 0  # what those records take in memory
-    routing_bytes: int = 0  # the MoE collectives' token routing (cmemu.lower.checks.moe_routing_bytes)
+    routing_bytes: int = 0  # the MoE collectives' token routing (cmemu.workload.moe.moe_routing_bytes)
     series_rows: int = 0  # rows of the binned series the traffic fills at the least (series_lower_bound)
     series_bytes: int = 0  # what they take
 
@@ -199,7 +152,7 @@ def _intervals_of(die, attrs: dict, pipe_intervals: int) -> int:
 
 
 def estimate_memory(trace, topo: Topology, native: bool = True,
-                    pipe_intervals: int = DEFAULT_PIPE_INTERVALS, detail: str = "tasks") -> MemoryEstimate:
+                    pipe_intervals: int = DEFAULT_PIPE_INTERVALS, detail: str = DEFAULT_DETAIL) -> MemoryEstimate:
     """Peak memory of replaying a loaded trace, from its counts of ops, dependencies and messages.
 
     Packets do not scale it: the engine makes them as it injects them, and each endpoint has at
@@ -209,7 +162,7 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     packet stand for them. With ``detail="packets"`` the engine also keeps a record of every
     packet on every link it crosses (PACKET_RECORD_LINKS per packet, PACKET_RECORD_BYTES each).
     """
-    from cmemu.lower.checks import moe_routing_bytes
+    from cmemu.workload.moe import moe_routing_bytes
     from cmemu.lower.collectives import ub_chunk_byte
 
     spec = topo.spec
@@ -664,13 +617,13 @@ def run_trace(
     native: bool = True,
     progress: bool | Progress = True,
     max_memory_bytes: int | None = None,
-    compression: str = "gzip",
-    detail: str = "tasks",
+    compression: str = DEFAULT_COMPRESSION,
+    detail: str = DEFAULT_DETAIL,
     link_bin_ns: float = DEFAULT_LINK_BIN_NS,
     spec: SystemSpec | None = None,
     fail=(),
     pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
-    fabric_model: str = "packet",
+    fabric_model: str = DEFAULT_FABRIC,
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
 
@@ -727,9 +680,9 @@ class PreparedRun:
 
 
 def prepare_run(trace_path, system: str | None = None, overrides=(), native: bool = True,
-                max_memory_bytes: int | None = None, detail: str = "tasks", link_bin_ns: float = DEFAULT_LINK_BIN_NS,
+                max_memory_bytes: int | None = None, detail: str = DEFAULT_DETAIL, link_bin_ns: float = DEFAULT_LINK_BIN_NS,
                 spec: SystemSpec | None = None, fail=(), pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
-                fabric_model: str = "packet") -> PreparedRun:
+                fabric_model: str = DEFAULT_FABRIC) -> PreparedRun:
     """Everything ``run_trace`` checks and builds before simulating, for ``cmemu run`` and
     ``cmemu trace validate`` alike: the options, the memory the file takes to read, the trace
     (with the system's checks of each node: cores, op sizes, MoE routing), the run's memory

@@ -1,4 +1,8 @@
-"""Unit conversions shared by every layer (the core keeps time in integer picoseconds)."""
+"""Unit conversions shared by every layer (the core keeps time in integer picoseconds), and memory
+sizes: parsed (decimal and binary units), formatted, and the default limit of a run."""
+from __future__ import annotations
+
+import os
 
 
 def ns_to_ps(value_ns: int | float) -> int:
@@ -6,3 +10,47 @@ def ns_to_ps(value_ns: int | float) -> int:
     if type(value_ns) is int:
         return value_ns * 1000
     return round(value_ns * 1000)
+
+
+def parse_memory_size(text: str) -> int:
+    """Bytes from a size such as ``2GB``, ``512MiB``, ``1.5 GiB`` or ``1000000`` (bytes).
+
+    Decimal (kB, MB, GB, TB) and binary (KiB, MiB, GiB, TiB) units; a lower-case ``b`` would
+    mean bits, which cmemu never uses for memory, so it is refused.
+    """
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    s = str(text).strip()
+    num = s.rstrip("bBkKmMgGtTiI ")
+    unit = s[len(num):].strip()
+    if unit.endswith("b"):
+        raise ValueError(f"{text!r}: 'b' means bits; write memory sizes in bytes, e.g. 2GB or 512MiB")
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit.upper() not in units or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{text!r} is not a memory size; write e.g. 2GB, 512MiB or 1000000 (bytes)")
+    return int(value * units[unit.upper()])
+
+
+def default_memory_limit() -> int:
+    """Three quarters of physical memory, or of the cgroup's limit when that is lower."""
+    try:
+        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        limit = 8 * 2**30
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = min(limit, int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return limit * 3 // 4
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{int(n)} B"

@@ -38,3 +38,13 @@ def cli(tmp_path):
         return proc
 
     return run
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-goldens", action="store_true", default=False,
+                     help="Rewrite tests/golden/*.json from this run (a deliberate act: review the diff).")
+
+
+@pytest.fixture
+def update_goldens(request):
+    return request.config.getoption("--update-goldens")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cmemu.lower import lower
-from cmemu.lower.collectives import dispatch_payload_byte, moe_routing
+from cmemu.workload.moe import dispatch_payload_byte, moe_routing
 from cmemu.lower.fabric import build_fabric
 from cmemu.run import run_trace, simulate
 from cmemu.spec import load_system

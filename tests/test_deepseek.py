@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from cmemu.errors import CmemuError
-from cmemu.lower.collectives import dispatch_payload_byte, moe_routing
+from cmemu.workload.moe import dispatch_payload_byte, moe_routing
 from cmemu.run import run_trace
 from cmemu.scenarios.decode import decode_metrics
-from cmemu.trace.deepseek import HIDDEN, DecodeConfig, decode_trace
+from cmemu.trace.deepseek import DecodeConfig, decode_trace
+from cmemu.workload.deepseek import HIDDEN
 from conftest import TRACES
 
 

@@ -16,9 +16,10 @@ from cmemu.scenarios.common import run_doc, trace_doc
 from cmemu.scenarios.prefill import prefill_metrics, run_prefill
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
-from cmemu.trace.deepseek import KV_LATENT, LAYERS, PrefillConfig, prefill_trace
-from cmemu.trace.ems_fetch import add_ems_fetch, block_bytes, ems_reuse, prefill_step
+from cmemu.trace.deepseek import PrefillConfig, prefill_trace
+from cmemu.trace.ems_fetch import KV_LATENT, add_ems_fetch, block_bytes, ems_reuse, prefill_step
 from cmemu.trace.kv_transfer import add_kv_transfer, sender_tp_rank
+from cmemu.workload.deepseek import LAYERS
 
 SMALL = dict(ep=16, attn_tp=8, requests=4, prompt_len=256)  # one request per TP group and micro-batch
 

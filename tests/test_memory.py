@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import cmemu.run as R
+import cmemu.units as U
 from cmemu.cli import main
 from cmemu.errors import CmemuError
 from cmemu.lower import lower
@@ -30,20 +31,20 @@ HEADER = {"schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": "m
     ("64kB", 64_000), ("3TB", 3 * 10**12), ("7B", 7), ("1KiB", 1024),
 ])
 def test_memory_sizes(text, expected):
-    assert R.parse_memory_size(text) == expected
+    assert U.parse_memory_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["2Gb", "512 mib", "lots", "-1GB", "inf", "nan GB", "", "1.5.2GB", "GB"])
 def test_bad_memory_sizes(text):
     with pytest.raises(ValueError):
-        R.parse_memory_size(text)
+        U.parse_memory_size(text)
 
 
 def test_default_limit_is_a_fraction_of_physical_memory():
     import os
 
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert 0 < R.default_memory_limit() <= physical * 3 // 4
+    assert 0 < U.default_memory_limit() <= physical * 3 // 4
 
 
 def _comp_doc(n):
@@ -143,7 +144,7 @@ def test_run_refused_early_with_one_line(tmp_path):
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("cmemu: error: ")
     for words in ("1,536 ops", "768 messages", "196,608 packets", "event queue",
-                  f"memory limit of {R.format_bytes(limit)}", "--max-memory"):
+                  f"memory limit of {U.format_bytes(limit)}", "--max-memory"):
         assert words in lines[0], lines[0]
     assert not out.exists() and not list(tmp_path.glob(".*tmp*"))
     ok = CliRunner().invoke(main, ["run", str(path), "-o", str(out), "--max-memory", str(need), "--quiet"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cmemu.lower import lower
-from cmemu.lower.collectives import moe_experts
+from cmemu.workload.moe import moe_experts
 from cmemu.lower.fabric import MSG_READ, MSG_WRITE, aiv_initiator, build_fabric
 from cmemu.lower.moe import PHASE, dispatch_write_byte, split_to_cores, steps_of
 from cmemu.run import simulate

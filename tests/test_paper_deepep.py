@@ -20,7 +20,7 @@ def deepep_bandwidth(ep, combine):
         nodes = [dict(n, id=i) for i, n in enumerate(n for n in nodes if n["attrs"]["comm_type"] == "MOE_COMBINE")]
     L, e = run_collectives(trace_doc(spec, nodes, groups={"ep": list(range(ep))}), spec, "packet")
     t0 = int(e.op_end_ps[0] - e.op_start_ps[L.op_report_start[0]])
-    from cmemu.lower.collectives import moe_routing
+    from cmemu.workload.moe import moe_routing
 
     rows = int((moe_routing(TOKENS, TOP_K, EXPERTS, ep, 0.0, 0) == 0).sum())  # every row rank 0 received
     return rows * 2 * HIDDEN / (t0 / 1e12) / 1e9

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from cmemu.cli import main
 from cmemu.errors import CmemuError
-from cmemu.lower.collectives import moe_routing
+from cmemu.workload.moe import moe_routing
 from cmemu.output.schema import PIPE_CODE
 from cmemu.scenarios.common import run_doc
 from cmemu.scenarios.prefill import layer_times_ps, prefill_metrics

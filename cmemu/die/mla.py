@@ -45,19 +45,20 @@ from cmemu.die.gemm import gemm_cost
 from cmemu.die.fia_mla import HEAD_DIM, ROPE_DIM, decode_attention_cost
 from cmemu.die.kernels import attention_cost, vector_cost
 from cmemu.die.model import DTYPE_BYTES, DieModel, OpCost, ceil_div, check_size
+from cmemu.workload.deepseek import HEADS, HIDDEN, KV_LORA, Q_LORA, QK_NOPE, QK_ROPE, V_HEAD
 
 
 @dataclass(frozen=True)
 class MLAShape:
     """DeepSeek-V3 attention dimensions [DSV3] (SPEC.md 2.7); traces may override them."""
 
-    heads: int = 128
-    hidden: int = 7168
-    q_lora_rank: int = 1536
-    kv_lora_rank: int = 512
-    qk_nope: int = 128
-    qk_rope: int = 64
-    v_head: int = 128
+    heads: int = HEADS
+    hidden: int = HIDDEN
+    q_lora_rank: int = Q_LORA
+    kv_lora_rank: int = KV_LORA
+    qk_nope: int = QK_NOPE
+    qk_rope: int = QK_ROPE
+    v_head: int = V_HEAD
 
 
 PREFILL_Q_BLOCK = 128  # query rows per attention unit in prefill (the cube's natural 128-row tile)

@@ -9,6 +9,7 @@ functions, so that validate refuses what run would refuse, and says so for every
 from __future__ import annotations
 
 from cmemu.errors import TraceError
+from cmemu.workload.moe import moe_routing_bytes
 
 # The engine's clock is an int64 count of picoseconds; one op may take at most 2**62 ps.
 MAX_OP_PS = 2**62
@@ -52,23 +53,13 @@ def collective_problem(attrs: dict, die, members: int, limit_bytes: int | None) 
         need = moe_routing_bytes(attrs["cmemu.tokens"], attrs["cmemu.top_k"], attrs.get("cmemu.experts", members),
                                  members)
         if need > limit_bytes:
-            from cmemu.run import format_bytes
+            from cmemu.units import format_bytes
 
             field = "cmemu.experts" if attrs.get("cmemu.experts", members) > attrs["cmemu.tokens"] else "cmemu.tokens"
             return field, (f"routing {attrs['cmemu.tokens']:,} tokens to the top {attrs['cmemu.top_k']:,} of "
                            f"{attrs.get('cmemu.experts', members):,} experts on {members:,} members needs about "
                            f"{format_bytes(need)}, more than the memory limit of {format_bytes(limit_bytes)}")
     return None
-
-
-def moe_routing_bytes(tokens: int, top_k: int, experts: int, members: int) -> int:
-    """Memory of one MoE routing (cmemu.lower.collectives.moe_routing): the destinations of every
-    member's (token, expert) pairs (int64), and while one member's are drawn, a key per token and
-    expert (float32 draws, float64 keys with skew and their negation, int64 partition) and three
-    per expert (its log-probability)."""
-    pairs = members * tokens * min(top_k, experts) * 8
-    scratch = tokens * experts * (4 + 8 + 8 + 8) if top_k < experts else tokens * experts * 16
-    return pairs + scratch + experts * 24
 
 
 def node_checker(spec, groups=None, limit_bytes: int | None = None):

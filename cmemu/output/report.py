@@ -76,7 +76,7 @@ def _fmt_us(ps) -> str:
 
 
 def report_text(t, summary: dict) -> str:
-    from cmemu.scenarios.common import format_table
+    from cmemu.output.table import format_table
 
     s = summary
     fabric = str(t.attrs.get("fabric_model", "packet"))  # v5; before, always the packet model

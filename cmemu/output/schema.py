@@ -7,6 +7,7 @@ levels of ``cmemu run --detail``.
 from __future__ import annotations
 
 from cmemu.errors import CmemuError
+from cmemu.vocab import COMPRESSIONS, DETAILS
 
 TIMELINE_FORMAT = "cmemu.timeline"
 TIMELINE_VERSION = 5
@@ -70,8 +71,6 @@ PACKET_FIELDS = (
 # folded into the data packets' events and never cross a link as records of their own.
 PACKET_TYPE_NAMES = ("WRITE", "READ_REQ", "READ_RESP", "ACK")
 
-DETAILS = ("ops", "tasks", "packets")
-COMPRESSIONS = ("gzip", "lzf", "none")
 
 
 def check_detail(detail: str) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 
+from cmemu.spec.load import DEFAULT_SYSTEM
+
 SCENARIOS: dict[str, tuple[str, str]] = {
     "ub-p2p": ("cmemu.scenarios.ub_p2p", "UB point-to-point bandwidth/latency by size, and an all-to-all"),
     "dispatch": ("cmemu.scenarios.dispatch", "MoE dispatch latency and bandwidth by EP degree, AIV-Direct vs SDMA"),
@@ -34,7 +36,7 @@ def load_command(name: str):
     return importlib.import_module(module).command
 
 
-def run_scenario(name: str, system: str = "cloudmatrix384", overrides=(), **options):
+def run_scenario(name: str, system: str = DEFAULT_SYSTEM, overrides=(), **options):
     """Run a scenario from Python: returns (parameters, rows) as the command prints them.
 
     ``options`` are the command's own options by their Python names, with the command's

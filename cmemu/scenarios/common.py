@@ -11,10 +11,14 @@ import json
 
 import click
 
+from cmemu.clihelpers import reports_errors
 from cmemu.errors import CmemuError
+from cmemu.options import RUN_OPTIONS
+from cmemu.output.table import format_table
+from cmemu.spec.load import DEFAULT_SYSTEM
 
 
-def scenario_command(name: str, default_system: str = "cloudmatrix384"):
+def scenario_command(name: str, default_system: str = DEFAULT_SYSTEM):
     """Decorate ``fn(spec, **options) -> (parameters, rows)``: rows is a list of dicts (one
     table) or a dict of table title -> list of dicts (several tables)."""
 
@@ -27,7 +31,6 @@ def scenario_command(name: str, default_system: str = "cloudmatrix384"):
         @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
         @functools.wraps(fn)
         def command(system, overrides, as_json, **options):
-            from cmemu.cli import reports_errors
             from cmemu.spec import load_system
 
             @reports_errors
@@ -44,52 +47,12 @@ def scenario_command(name: str, default_system: str = "cloudmatrix384"):
     return wrap
 
 
-class MemorySize(click.ParamType):
-    """A memory size on the command line: 2GB, 512MiB or bytes (cmemu.run.parse_memory_size)."""
-
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from cmemu.run import parse_memory_size
-
-        try:
-            return parse_memory_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
 def run_options(fn):
     """--fabric and --max-memory, as `cmemu run` has them, for the scenarios that replay a step."""
-    fn = click.option("--max-memory", type=MemorySize(), default=None, metavar="SIZE",
-                      help="Fail early instead of swapping if the run would need more, e.g. 24GB "
-                           "[default: 3/4 of physical memory].")(fn)
-    return click.option("--fabric", type=click.Choice(["packet", "message"]), default="packet", show_default=True,
-                        help="Fabric model (as `cmemu run --fabric`): message is several times faster on big EP "
-                             "steps.")(fn)
-
-
-def format_table(rows: list[dict]) -> str:
-    if not rows:
-        return "(no rows)"
-    keys = list(rows[0])
-    for r in rows[1:]:
-        keys += [k for k in r if k not in keys]
-
-    def cell(v):
-        if isinstance(v, float):
-            return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.1f}"
-        if isinstance(v, int) and not isinstance(v, bool):
-            return f"{v:,}"
-        return "" if v is None else str(v)
-
-    cells = [[cell(r.get(k)) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
+    fn = RUN_OPTIONS["max_memory"].option(
+        help="Fail early instead of swapping if the run would need more, e.g. 24GB [default: 3/4 of physical memory].")(fn)
+    return RUN_OPTIONS["fabric_model"].option(
+        "--fabric", help="Fabric model (as `cmemu run --fabric`): message is several times faster on big EP steps.")(fn)
 
 
 def emit(name: str, system: str, parameters: dict, rows, as_json: bool) -> None:
@@ -140,15 +103,16 @@ def check_positive(name: str, value) -> None:
 
 def run_doc(doc: dict, spec, **options):
     """Run a trace document (a dict, as in docs/trace-format.md) on a resolved spec."""
-    import json
     import tempfile
     from pathlib import Path
 
     from cmemu.run import run_trace
+    from cmemu.trace.writer import write_trace
 
     with tempfile.TemporaryDirectory(prefix="cmemu-scenario-") as tmp:
         path = Path(tmp) / "scenario.json"
-        path.write_text(json.dumps(doc))
+        with path.open("w", encoding="utf-8") as f:
+            write_trace(doc, f)
         return run_trace(path, spec=spec, progress=False, link_bin_ns=0, **options)
 
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
-from cmemu.trace.deepseek import LAYERS, DecodeConfig, decode_trace
+from cmemu.trace.deepseek import DecodeConfig, decode_trace
+from cmemu.workload.deepseek import LAYERS
 
 CLASSES = (
     ("attention", ("attention",)),

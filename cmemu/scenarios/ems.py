@@ -25,7 +25,7 @@ from cmemu.lower.fabric import MSG_READ, build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
-from cmemu.trace.deepseek import EXPERT_FFN, HEADS, HIDDEN, KV_LORA, LAYERS, Q_LORA, QK_NOPE, QK_ROPE, V_HEAD
+from cmemu.workload.deepseek import EXPERT_FFN, HEADS, HIDDEN, KV_LORA, LAYERS, Q_LORA, QK_NOPE, QK_ROPE, V_HEAD
 
 KV_BYTES_PER_TOKEN_LAYER = KV_LORA + QK_ROPE  # INT8 latent + rope key, SPEC.md 2.7
 EXPERTS_PER_TOKEN = 9  # 8 routed + the shared one

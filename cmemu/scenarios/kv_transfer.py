@@ -18,7 +18,7 @@ from cmemu.run import simulate
 from cmemu.scenarios.common import parse_sizes, scenario_command
 from cmemu.scenarios.ems import KV_BYTES_PER_TOKEN_LAYER
 from cmemu.topology import build_topology
-from cmemu.trace.deepseek import LAYERS
+from cmemu.workload.deepseek import LAYERS
 
 
 def transfer_ps(topo, fabric, src, dst, nbytes, plane) -> int:

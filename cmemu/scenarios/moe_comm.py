@@ -28,7 +28,6 @@ weighted sums after the last send).
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -36,7 +35,9 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower.collectives import dispatch_payload_byte, moe_routing
+from cmemu.options import RUN_OPTIONS
+from cmemu.workload.deepseek import HIDDEN
+from cmemu.workload.moe import dispatch_payload_byte, moe_routing
 from cmemu.scenarios.common import scenario_command, trace_doc
 
 DEEPSEEK_EXPERTS = 256  # [DSV3] routed experts
@@ -74,10 +75,12 @@ def run_collectives(doc: dict, spec, fabric_model: str = "packet"):
     from cmemu.run import check_clock_range, simulate
     from cmemu.topology import build_topology
     from cmemu.trace.ir import load_trace
+    from cmemu.trace.writer import write_trace
 
     with tempfile.TemporaryDirectory(prefix="cmemu-scenario-") as tmp:
         path = Path(tmp) / "scenario.json"
-        path.write_text(json.dumps(doc))
+        with path.open("w", encoding="utf-8") as f:
+            write_trace(doc, f)
         trace = load_trace(path, spec.dies)
     topo = build_topology(spec)
     lowered = lower(trace, topo)
@@ -193,7 +196,7 @@ def _command(name, combine):
     @click.option("--ep", default="8,32,128", show_default=True, help="EP degrees (comma-separated).")
     @click.option("--tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per rank.")
     @click.option("--top-k", type=click.IntRange(min=1), default=8, show_default=True)
-    @click.option("--hidden", type=click.IntRange(min=1), default=7168, show_default=True)
+    @click.option("--hidden", type=click.IntRange(min=1), default=HIDDEN, show_default=True)
     @click.option("--experts", type=click.IntRange(min=1), default=None,
                   help="Experts in all, a multiple of EP [default: 256 where EP divides it, else the next multiple "
                        "of EP].")
@@ -206,8 +209,7 @@ def _command(name, combine):
     @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True,
                   help="Zipf exponent of expert popularity (0: uniform).")
     @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-    @click.option("--fabric", type=click.Choice(["packet", "message"]), default="packet", show_default=True,
-                  help="Fabric model (as `cmemu run --fabric`).")
+    @RUN_OPTIONS["fabric_model"].option("--fabric", help="Fabric model (as `cmemu run --fabric`).")
     def command(spec, ep, tokens, top_k, hidden, experts, engine, kernel, cores, skew, seed, fabric):
         try:
             eps = [int(x) for x in str(ep).split(",") if x.strip()]

@@ -22,8 +22,9 @@ import numpy as np
 
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.scenarios.decode import _exposed, _union
-from cmemu.trace.deepseek import DENSE_LAYERS, LAYERS, PrefillConfig
+from cmemu.trace.deepseek import PrefillConfig
 from cmemu.trace.ems_fetch import prefill_step
+from cmemu.workload.deepseek import DENSE_LAYERS, LAYERS
 
 CLASSES = (
     ("mla_prolog_sp", ("rmsnorm_in", "q_down", "rmsnorm_q", "kv_down", "rmsnorm_kv", "rope_k")),

@@ -16,6 +16,7 @@ from importlib import resources
 from cmemu.errors import SpecError
 from cmemu.spec.model import CommSpec, D2DSpec, DieSpec, EMSSpec, RDMASpec, SystemSpec, UBSpec, VPCSpec
 
+DEFAULT_SYSTEM = "cloudmatrix384"  # the system of a run, a scenario or a generator that names none
 _SECTIONS = {"die": DieSpec, "ub": UBSpec, "d2d": D2DSpec, "rdma": RDMASpec, "vpc": VPCSpec, "comm": CommSpec,
              "ems": EMSSpec}
 _META_KEYS = {"name", "description", "extends", "die_preset", "kind"}
@@ -141,7 +142,7 @@ def _apply_overrides(doc: dict, overrides) -> dict:
     return doc
 
 
-def load_system(name: str = "cloudmatrix384", overrides=()) -> SystemSpec:
+def load_system(name: str = DEFAULT_SYSTEM, overrides=()) -> SystemSpec:
     """Load a system preset by name and apply ``--set`` overrides (strings ``path=value``)."""
     doc = _resolve(name)
     if doc.get("kind", "system") != "system":

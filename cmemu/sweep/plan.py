@@ -1,8 +1,8 @@
 """Sweep files (docs/sweep-format.md): TOML in, a checked list of resolved points out.
 
 A point is one run: a scenario (by name, through ``cmemu.scenarios.run_scenario``), a trace
-(through ``cmemu.run.run_trace``) or a trace generated for the point (a command of
-``cmemu trace gen``) and then replayed, a system preset, ``--set`` overrides and the run's options,
+(through ``cmemu.run.run_trace``) or a trace generated for the point (a generator of
+``cmemu.generators``, as `cmemu trace gen` offers) and then replayed, a system preset, ``--set`` overrides and the run's options,
 all resolved (defaults filled in). Its key is a hash of that configuration and the cmemu version,
 so the same configuration always lands in the same results folder, whichever sweep asked for it.
 
@@ -159,7 +159,8 @@ class _Checker:
                 self.fail("scenario", f"unknown scenario '{value}' (known: {', '.join(sorted(SCENARIOS))})")
             return "scenario", value, None
         if key == "generator":
-            known = generator_commands()
+            from cmemu.generators import GENERATORS as known
+
             if value not in known:
                 self.fail("generator", f"unknown trace generator '{value}' (known: {', '.join(sorted(known))})")
             return "generator", value, None
@@ -184,14 +185,14 @@ class _Checker:
                 self.fail("scenario", f"scenario '{target}' cannot be loaded: {exc}")
             skip = {"system", "overrides", "as_json"}
             return {p.name: p for p in params if p.name not in skip}
-        from cmemu.cli import run as run_command
+        from cmemu.options import RUN_OPTIONS
 
-        allowed = {p.name: p for p in run_command.params if p.name in TRACE_OPTIONS}
+        allowed = {name: o.param() for name, o in RUN_OPTIONS.items() if name in TRACE_OPTIONS}
         if kind == "generator":
             # The generator's own options, then those of the run of what it generated.
-            for p in generator_commands()[target].params:
-                if p.name in ("system", "overrides", "output"):
-                    continue
+            from cmemu.generators import GENERATORS
+
+            for p in GENERATORS[target].params().values():
                 if p.name in allowed:
                     self.fail("generator", f"option '{p.name}' of generator '{target}' has the name of "
                                            "an option of the trace run")
@@ -435,7 +436,7 @@ class _Checker:
 
             system = next(p.default for p in load_command(target).params if p.name == "system")
         if kind == "generator" and system is None:
-            from cmemu.run import DEFAULT_SYSTEM  # what `cmemu trace gen` uses without --system
+            from cmemu.spec import DEFAULT_SYSTEM  # what `cmemu trace gen` uses without --system
 
             system = DEFAULT_SYSTEM
         config = {"cmemu_version": __version__, "kind": kind}
@@ -446,13 +447,6 @@ class _Checker:
         # A trace run without a system uses the trace header's (the sha256 covers the header).
         config.update(system=system, overrides=dict(sorted(overrides.items())), options=options)
         return Point(point_key(config), parameters, config, target if kind == "trace" else None)
-
-
-def generator_commands() -> dict:
-    """The trace generators: the commands of `cmemu trace gen`, by name."""
-    from cmemu.cli import trace_gen
-
-    return dict(trace_gen.commands)
 
 
 def _default(param):

@@ -65,22 +65,25 @@ def _run_trace(config: dict, trace_path: str, folder: str):
 
 
 def _run_generator(config: dict, folder: str):
-    """Generate the point's trace with the `cmemu trace gen` command (the function behind it,
-    so that its errors stay exceptions), replay it, and delete it: config.json says how to make
-    it again, and a generated trace can be far larger than its timeline."""
-    import contextlib
-    import io
+    """Generate the point's trace (cmemu.generators, as `cmemu trace gen` does), replay it, and
+    delete it: config.json says how to make it again, and a generated trace can be far larger than
+    its timeline."""
     from pathlib import Path
 
-    from cmemu.sweep.plan import TRACE_OPTIONS, generator_commands
+    from cmemu.generators import GENERATORS
+    from cmemu.output.atomic import atomic_open
+    from cmemu.spec import load_system
+    from cmemu.sweep.plan import TRACE_OPTIONS
+    from cmemu.trace.writer import write_trace
 
-    command = generator_commands()[config["generator"]]
-    generate = getattr(command.callback, "__wrapped__", command.callback)  # inside reports_errors
     options = {k: v for k, v in config["options"].items() if k not in TRACE_OPTIONS}
     trace = Path(folder) / GENERATED_TRACE_NAME
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # its "wrote ..." line
-            generate(system=config["system"], overrides=tuple(_overrides(config)), output=trace, **options)
+        doc, _what = GENERATORS[config["generator"]].build(load_system(config["system"], tuple(_overrides(config))),
+                                                           **options)
+        with atomic_open(trace, "w", encoding="utf-8") as f:
+            write_trace(doc, f)
+        del doc
         parameters, tables = _replay(config, trace, folder)
     finally:
         trace.unlink(missing_ok=True)

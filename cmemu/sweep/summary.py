@@ -123,7 +123,7 @@ def format_summary(rows: list[dict], columns: list[str], parameters: list[str], 
     the varied ``parameters`` and its figures (``print_columns``, else the first
     ``PRINT_FIGURES`` it has; a trace run's default is ``TRACE_HEADLINE``); then the failed
     points, one line each."""
-    from cmemu.scenarios.common import format_table
+    from cmemu.output.table import format_table
 
     lines = []
     titles = list(dict.fromkeys(r["table"] for r in rows if r["status"] == "ok"))

@@ -32,21 +32,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower.collectives import moe_routing
-
-HIDDEN = 7168
-LAYERS = 61
-DENSE_LAYERS = 3
-DENSE_FFN = 18432
-EXPERT_FFN = 2048
-ROUTED_TOP_K = 8
-HEADS = 128
-Q_LORA = 1536
-KV_LORA = 512
-QK_NOPE = 128
-QK_ROPE = 64
-V_HEAD = 128
-VOCAB = 129280
+from cmemu.workload.deepseek import (DENSE_FFN, DENSE_LAYERS, EXPERT_FFN, HEADS, HIDDEN, KV_LORA, LAYERS, Q_LORA, QK_NOPE,
+                                     QK_ROPE, ROUTED_TOP_K, V_HEAD, VOCAB)
+from cmemu.workload.moe import moe_routing, moe_routing_bytes
 
 
 def _check_step(cfg, dies: int) -> None:
@@ -113,9 +101,7 @@ def _check_routing(tokens: int, top_k: int, experts: int, members: int, option: 
     """The generator routes the step's tokens to experts (moe_routing) to size the expert GEMMs:
     refuse, before it does, a step whose routing would not fit in memory (3/4 of it, as `cmemu
     run` would allow)."""
-    from cmemu.errors import CmemuError
-    from cmemu.lower.checks import moe_routing_bytes
-    from cmemu.run import default_memory_limit, format_bytes
+    from cmemu.units import default_memory_limit, format_bytes
 
     need, limit = moe_routing_bytes(tokens, top_k, experts, members), default_memory_limit()
     if need > limit:
