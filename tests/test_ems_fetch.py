@@ -215,10 +215,8 @@ def test_kv_transfer_mapping_and_arrival():
     with_kv, _, arrivals = run_prefill(spec, cfg, kv_transfer=True, decode_dp=16, ems_plane="hbm")
     metrics, _, _ = run_prefill(spec, cfg, ems_plane="hbm")
     assert [a["to_die"] for a in arrivals] == [16, 17, 18, 19]
-    # The RDMA plane is the transfers' alone (they share only the dies' DMA issue slots): the step
-    # is the same within 1%, and its TTFT is the step's, not the transfers'.
-    assert with_kv["ttft_ms"] == metrics["ttft_ms"]
-    assert with_kv == pytest.approx(metrics, rel=1e-2)
+    # The step's figures are the step's alone (the transfers are simulated in a second run).
+    assert with_kv == metrics
     # Each KV leaves after its request's last attention, and then takes at least its bytes at
     # 200 Gb/s.
     r = run_doc(doc, spec)

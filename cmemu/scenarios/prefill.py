@@ -109,13 +109,20 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
 def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None, ems_plane="hbm",
                 pool_nodes=None, kv_transfer=False, decode_dp=320, layerwise=False):
     """Simulate one prefill step (cmemu.trace.ems_fetch.prefill_step): (metrics, time by class,
-    KV arrivals or None)."""
-    cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp, layerwise)
-    result = run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory)
-    metrics, per_class = prefill_metrics(cfg, result)
+    KV arrivals or None). With ``kv_transfer`` the step is simulated twice: its figures from the
+    step alone, the arrivals from the step with the transfers. In a cut-down trace the transfers
+    leave during the last simulated layer, which stands for every MoE layer in the extrapolation
+    to 61 (in the whole model they overlap the last layer only); the first token does not wait
+    for them."""
+    cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, False, decode_dp, layerwise)
+    metrics, per_class = prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
     if ems_plane != "hbm" and cfg.reused_tokens:
         metrics = {"reused_tokens_per_prompt": cfg.reused_tokens, **metrics}
-    return metrics, per_class, (kv_arrivals(doc, result) if kv_transfer else None)
+    arrivals = None
+    if kv_transfer:
+        cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, True, decode_dp, layerwise)
+        arrivals = kv_arrivals(doc, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
+    return metrics, per_class, arrivals
 
 
 def kv_arrivals(doc, result) -> list[dict]:
