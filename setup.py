@@ -25,6 +25,7 @@ setup(
     package_data={
         "cmemu.spec": ["presets/*.toml"],
         "cmemu.trace": ["schema/*.json"],
+        "cmemu.models": ["configs/*.json", "configs/*.toml"],
     },
     ext_modules=cythonize(
         extensions,

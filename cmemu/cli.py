@@ -226,6 +226,37 @@ for _gen in GENERATORS.values():
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the descriptions and counts).")
+@reports_errors
+def models(as_json):
+    """List the shipped model descriptions (Hugging Face configs) with their parameter counts."""
+    from cmemu.models.description import format_count, load_model, shipped_models
+
+    rows = []
+    for name, entry in shipped_models().items():
+        m = load_model(name)
+        rows.append({**m.summary(), "title": entry["title"], "card": entry["card"],
+                     "card_total_params": entry["card_total_params"],
+                     "card_activated_params": entry["card_activated_params"],
+                     "card_counts_mtp": entry["card_counts_mtp"]})
+    if as_json:
+        click.echo(json.dumps({"models": rows}, indent=2))
+        return
+    click.echo(f"{'name':<17} {'attention':<10} {'layers':>6} {'experts':>12} {'params':>8} {'activated':>9} "
+               f"{'MTP':>6} {'card':>6}")
+    for r in rows:
+        attn = (f"MLA {r['query_heads']}h" if r["attention"] == "mla"
+                else f"GQA {r['query_heads']}/{r['kv_heads']}")
+        experts = (f"{r['routed_experts']}+{r['shared_experts']} top{r['experts_per_token']}" if r["routed_experts"]
+                   else "dense")
+        click.echo(f"{r['name']:<17} {attn:<10} {r['layers']:>6} {experts:>12} {format_count(r['params']):>8} "
+                   f"{format_count(r['activated_params']):>9} "
+                   f"{format_count(r['mtp_params']) if r['mtp_params'] else '-':>6} {r['card_total_params']:>6}")
+    click.echo("params: weights of the model without its MTP module (the cards' totals count none); "
+               "any other config: cmemu trace gen model CONFIG.json")
+
+
+@main.command()
 @reports_errors
 def presets():
     """List the shipped system presets."""

@@ -34,6 +34,9 @@ VECTOR_OPS = {
     "softmax": (1, 1, 7),
     # cast, abs, max-reduce, scale, cast fp32 -> fp16 -> int8 (per-token scale written too)
     "quant_int8": (1, 0, 6),
+    # FlashDecoding combine, over each split's partial output and softmax max and sum (fp32):
+    # scale by the split's weight, add into the sum (the output's write is the caller's; assumed)
+    "flash_combine": (1, 0, 2),
 }
 
 
@@ -203,7 +206,8 @@ AIV0, AIV1 = len(AIC_PIPES), len(AIC_PIPES) + len(AIV_PIPES)
 
 def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.ndarray, m: int, d_qk: int,
                    d_v: int, block: int, kv_len_of_block: np.ndarray, kv_shared: bool, dtype: str,
-                   kv_object_of_block: np.ndarray, q_bytes: int, cores: int, native: bool = True) -> OpCost:
+                   kv_object_of_block: np.ndarray, q_bytes: int, cores: int, native: bool = True,
+                   kv_copies_of_block: np.ndarray | None = None) -> OpCost:
     """Flash attention on ``cores`` clusters of 1 AIC + 2 AIV (MLA prefill; decode attention
     has its own schedule, ``cmemu.die.fia_mla``). A *unit* is one query tile (m rows: a prefill
     query block of one head); it visits its KV blocks in order, and units go round-robin to the
@@ -220,6 +224,8 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
 
     kv_shared: K and V are the same cached latent (absorbed MLA decode: V is the first d_v of
     the d_qk values), loaded once per block.
+    kv_copies_of_block: MTE2 copies that load each block (a paged cache: K and V of each page
+    apart), each with its start-up; default one per block.
     """
     d = model.die
     ib = DTYPE_BYTES[dtype]
@@ -305,7 +311,10 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
     miss_s = fetch_b > 0
     var_busy[:, kv_fetch] = np.where(miss_s, _fetch_busy(model, fetch_b), 0)
     var_lat[:, kv_fetch] = np.where(miss_s, model.hbm_read_latency_cycles, 0)
-    var_busy[:, kv_ld] = np.where(qk_on, model.die.mte2_startup_cycles + -(-kv_b * 1000 // hit_r), 0)
+    copies = np.ones(n_steps, dtype=np.int64)
+    if kv_copies_of_block is not None:
+        copies[qk_on] = kv_copies_of_block
+    var_busy[:, kv_ld] = np.where(qk_on, model.die.mte2_startup_cycles * copies + -(-kv_b * 1000 // hit_r), 0)
     var_lat[:, kv_ld] = np.where(qk_on, l2lat, 0)
     rd = int(miss_b.sum())
     hit_b = int(kv_bytes_of_block.sum()) - rd

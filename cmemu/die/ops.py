@@ -53,6 +53,14 @@ def _cost(die, key) -> OpCost:
     if op == "mla_prefill_attention":
         shape = MLAShape(heads=a.get("cmemu.heads", MLAShape.heads))
         return mla_prefill_attention_cost(model, a["cmemu.tokens"], a["cmemu.kv_len"], shape, dtype, cores)
+    if op in ("gqa_attention", "gqa_prefill_attention"):
+        from cmemu.die.gqa import gqa_attention_cost, gqa_prefill_attention_cost
+
+        heads = (a["cmemu.heads"], a["cmemu.kv_heads"], a["cmemu.head_dim"])
+        if op == "gqa_attention":
+            return gqa_attention_cost(model, a["cmemu.tokens"], a["cmemu.kv_len"], *heads, dtype, cores,
+                                      queries_per_request=a.get("cmemu.queries_per_request", 1))
+        return gqa_prefill_attention_cost(model, a["cmemu.tokens"], a["cmemu.kv_len"], *heads, dtype, cores)
     if op in VECTOR_OPS:
         return vector_cost(model, op, a["cmemu.rows"], a["cmemu.cols"], cores, dtype=dtype)
     raise ValueError(f"unknown cmemu.op {op!r} (known: {', '.join(OPS)})")

@@ -73,8 +73,8 @@ def command(spec, prompt_len, tokens_per_npu, reuse, pool_nodes, ems_fetch, fabr
     PrefillConfig(**base).check(spec.dies)  # a clear error before any run
 
     def step(rate, plane):
-        metrics, _, _ = run_prefill(spec, PrefillConfig(reuse=rate, **base), fabric, max_memory, plane, pool_nodes,
-                                    layerwise=ems_fetch == "layerwise")
+        metrics, _, _ = run_prefill(spec, PrefillConfig(reuse=rate, **base), fabric, max_memory, ems_plane=plane,
+                                    pool_nodes=pool_nodes, layerwise=ems_fetch == "layerwise")
         return metrics
 
     none_tps, none_ttft = _figures(step(0.0, "hbm"), layers)

@@ -1,4 +1,6 @@
-"""decode: one DeepSeek-R1 decode step of CloudMatrix-Infer (cmemu.trace.deepseek), simulated.
+"""decode: one decode step, simulated: DeepSeek-R1 in CloudMatrix-Infer (cmemu.trace.deepseek) by
+default, or any model (``--model NAME|CONFIG.json``: cmemu.models.step, the same deployment's
+shape with as many expert slots per die as its experts need).
 
 Reports, from the simulated timeline (nothing is taken from the paper):
 - step time: the last op of the step ends (all dies, both micro-batches);
@@ -14,8 +16,9 @@ Reports, from the simulated timeline (nothing is taken from the paper):
   attention, output projection), stream 1 their MoE part (gate, dispatch, expert MLP, combine);
   a layer takes at least the busier stream's total, which bounds it.
 ``--micro-batches 1,2`` runs both and reports the throughput gain of two micro-batches over one.
-With fewer than 61 layers (``--layers``), the step and TPOT are also given extrapolated to the
-full model from the simulated per-layer time, and marked so.
+With fewer than the model's layers (``--layers``; 61 for DeepSeek-R1), the step and TPOT are also
+given extrapolated to the full model from the simulated per-layer time, and marked so (the keys
+name the model's layer count, and again ``all_layers`` for sweeps over models).
 ``--tpot-slo MS`` searches the largest tokens per die whose TPOT meets the SLO (bisection over
 simulated runs).
 """
@@ -39,15 +42,34 @@ CLASSES = (
     ("expert_mlp", ("expert_up", "expert_swiglu", "expert_down")),
     ("combine", ("combine",)),
     ("sampling", ("lm_head", "softmax")),
+    ("shared_expert", ("shared_ffn_up", "shared_swiglu", "shared_ffn_down")),
+    ("tp_collectives", ("attn_reduce", "ffn_reduce", "moe_gather")),
 )
+# A GQA model's attention prologue: input RMSNorm, fused q/k/v projection, q/k norms, RoPE.
+GQA_CLASSES = tuple(("attn_prolog", ("rmsnorm_in", "qkv_proj", "rmsnorm_qk", "rope")) if cls == "mla_prolog"
+                    else (cls, leaves) for cls, leaves in CLASSES)
 
 
-def _class_of(name: str) -> str:
+def _classes(model) -> tuple:
+    return GQA_CLASSES if model is not None and model.attention == "gqa" else CLASSES
+
+
+def _class_of(name: str, classes=CLASSES) -> str:
     leaf = name.rsplit(".", 1)[-1]
-    for cls, leaves in CLASSES:
+    for cls, leaves in classes:
         if leaf in leaves:
             return cls
     return "other"
+
+
+def _layer_shape(cfg, model) -> tuple[int, int, bool]:
+    """(dense layers simulated, the model's layers, whether it has MoE layers) of a step: the
+    DeepSeek-R1 preset's (``model`` None) or any model's (cmemu.models)."""
+    if model is None:
+        return cfg.dense_layers, LAYERS, True
+    from cmemu.models.step import dense_layers_of
+
+    return dense_layers_of(model, cfg.layers), model.layers, model.moe
 
 
 def _union(starts, ends) -> list[tuple[int, int]]:
@@ -82,12 +104,14 @@ def _exposed(comm, compute) -> int:
     return total
 
 
-def stream_busy(cfg: DecodeConfig, result) -> list[dict]:
-    """Busy time per MoE layer of each (micro-batch, stream), mean over dies (module docstring)."""
+def stream_busy(cfg: DecodeConfig, result, model=None) -> list[dict]:
+    """Busy time per MoE layer (a dense model's: per layer) of each (micro-batch, stream), mean
+    over dies (module docstring)."""
     L = result.lowered
     names = L.op_name
     dur = (result.op_end_ps - result.op_start_ps).astype(np.float64)
-    moe_layers = [f"L{i}" for i in range(cfg.dense_layers, cfg.layers)] + (["MTP"] if cfg.mtp else [])
+    dense, _, moe = _layer_shape(cfg, model)
+    moe_layers = [f"L{i}" for i in range(dense if moe else 0, cfg.layers)] + (["MTP"] if cfg.mtp else [])
     layer_of = np.array([n.split(".", 1)[0] for n in names])
     in_moe = np.isin(layer_of, moe_layers)
     mb_of = np.array([int(n.split(".", 2)[1][2:]) if n.count(".") >= 2 and n.split(".", 2)[1].startswith("mb")
@@ -109,26 +133,31 @@ def stream_busy(cfg: DecodeConfig, result) -> list[dict]:
     return rows
 
 
-def decode_metrics(cfg: DecodeConfig, result) -> dict:
+def decode_metrics(cfg: DecodeConfig, result, model=None) -> dict:
+    """The step's figures (module docstring); ``model`` None: DeepSeek-R1 (cmemu.trace.deepseek)."""
     L = result.lowered
     names = L.op_name
     start, end = result.op_start_ps, result.op_end_ps
     rank = L.op_rank
     step_ps = int(end.max())
-    classes = np.array([_class_of(n) for n in names])
+    table = _classes(model)
+    classes = np.array([_class_of(n, table) for n in names])
     per_class = {}
     dies = cfg.ep
-    for cls, _ in CLASSES:
+    _, total_layers, moe = _layer_shape(cfg, model)
+    for cls, _ in table:
         m = classes == cls
         if m.any():
             per_class[f"{cls}_us"] = round(float((end[m] - start[m]).sum()) / dies / 1e6, 2)
-    # Steady-state layer time: successive MoE layers' combine ends on die 0, last micro-batch.
+    # Steady-state layer time: successive MoE layers' combine ends on die 0, last micro-batch
+    # (a dense model's: successive layers' FFN ends).
     mb_last = cfg.micro_batches - 1
+    leaf = "combine" if moe else "ffn_down"
     ends = [int(end[i]) for i, n in enumerate(names)
-            if rank[i] == 0 and n.endswith(f".mb{mb_last}.combine")]  # MoE layers, the MTP one too
+            if rank[i] == 0 and n.endswith(f".mb{mb_last}.{leaf}")]  # MoE layers, the MTP one too
     layer_ps = int(np.diff(ends).mean()) if len(ends) >= 2 else None
     exposed = []
-    is_comm = np.isin(classes, ["dispatch", "combine"])
+    is_comm = np.isin(classes, ["dispatch", "combine", "tp_collectives"])
     for r in range(dies):
         mine = rank == r
         comm = _union(start[mine & is_comm], end[mine & is_comm])
@@ -143,45 +172,71 @@ def decode_metrics(cfg: DecodeConfig, result) -> dict:
         "tokens_per_s_per_npu": round(2 * cfg.requests_per_die * accepted / (step_ps / 1e12), 1),
         "exposed_comm_us": round(float(np.mean(exposed)) / 1e6, 1),
     }
-    if cfg.layers < LAYERS and layer_ps:
-        full_ps = step_ps + (LAYERS - cfg.layers) * layer_ps
-        out["step_time_61_layers_extrapolated_us"] = round(full_ps / 1e6, 1)
-        out["tpot_61_layers_extrapolated_ms"] = round(full_ps / 1e9 / accepted, 3)
-        out["tokens_per_s_per_npu_61_layers_extrapolated"] = round(
+    if cfg.layers < total_layers and layer_ps:
+        full_ps = step_ps + (total_layers - cfg.layers) * layer_ps
+        n = total_layers
+        out[f"step_time_{n}_layers_extrapolated_us"] = round(full_ps / 1e6, 1)
+        out[f"tpot_{n}_layers_extrapolated_ms"] = round(full_ps / 1e9 / accepted, 3)
+        out[f"tokens_per_s_per_npu_{n}_layers_extrapolated"] = round(
             2 * cfg.requests_per_die * accepted / (full_ps / 1e12), 1)
-    return out, per_class, stream_busy(cfg, result)
+        # The same under names that do not depend on the model (sweeps over models).
+        out["tpot_all_layers_extrapolated_ms"] = out[f"tpot_{n}_layers_extrapolated_ms"]
+        out["tokens_per_s_per_npu_all_layers_extrapolated"] = out[f"tokens_per_s_per_npu_{n}_layers_extrapolated"]
+    return out, per_class, stream_busy(cfg, result, model)
 
 
-def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int | None = None):
-    """(step metrics, busy time by op class, busy time per stream) of one simulated step."""
-    doc = decode_trace(cfg, spec.name, spec.dies)
-    return decode_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
+def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int | None = None, model=None):
+    """(step metrics, busy time by op class, busy time per stream) of one simulated step: of
+    DeepSeek-R1 in CloudMatrix-Infer (``cfg`` a DecodeConfig, ``model`` None) or of ``model``
+    (``cfg`` a cmemu.models.step.DecodeDeployment)."""
+    if model is None:
+        doc = decode_trace(cfg, spec.name, spec.dies)
+    else:
+        from cmemu.models.step import decode_step
+
+        doc = decode_step(model, cfg, spec.name, spec.dies)
+    return decode_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory), model)
 
 
 @scenario_command("decode")
+@click.option("--model", "model_name", default="deepseek-r1", show_default=True, metavar="NAME|CONFIG.json",
+              help="A shipped model (`cmemu models`) or a Hugging Face config.json; deepseek-r1 is CloudMatrix-Infer's "
+                   "own deployment (cmemu.trace.deepseek), any other the model step generator's (one expert slot "
+                   "per die or as many as its experts need, the same streams and cores).")
 @click.option("--ep", type=click.IntRange(min=2), default=None, help="EP degree [default: 320, or all dies if fewer].")
 @click.option("--tokens-per-die", type=click.IntRange(min=1), default=96, show_default=True)
 @click.option("--kv-len", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--micro-batches", default="2", show_default=True,
               help="1, 2, or 1,2: both, with the gain of two over one.")
-@click.option("--mtp/--no-mtp", default=True, show_default=True)
+@click.option("--mtp/--no-mtp", default=True, show_default=True,
+              help="Multi-token prediction: the model's MTP module, where it has one (--model without one: off).")
 @click.option("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True)
 @click.option("--dispatch-engine", type=click.Choice(["aiv", "sdma"]), default="aiv", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--attn-tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --model: dies that split the attention heads and a dense FFN (all-reduced; the MoE runs on "
+                   "each die's own tokens); 1: data-parallel attention, as CloudMatrix-Infer's.")
 @click.option("--lm-head-tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Dies sharing the LM head's vocabulary (all-gather, then all-to-all of the logits); 1: every "
                    "die holds the whole head (the default, as CloudMatrix-Infer's DP decode).")
 @run_options
-@click.option("--layers", type=click.IntRange(1, LAYERS), default=2, show_default=True,
-              help="Layers to simulate (the step and TPOT are also extrapolated to 61).")
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Layers to simulate (the step and TPOT are also extrapolated to all the model's).")
 @click.option("--tpot-slo", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MS",
               help="Find the largest tokens per die whose (extrapolated) TPOT meets this SLO.")
-def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew, lm_head_tp,
-            fabric, max_memory, layers, tpot_slo):
-    """DeepSeek-R1 decode step (CloudMatrix-Infer): step time, per-layer time, TPOT, tokens/s per
-    NPU, busy time per stream and micro-batch, time by op class, exposed communication;
-    --micro-batches 1,2 gives the gain of two; --tpot-slo finds the largest batch meeting an SLO."""
+def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance, dispatch_engine, skew,
+            attn_tp, lm_head_tp, fabric, max_memory, layers, tpot_slo):
+    """A decode step (DeepSeek-R1 in CloudMatrix-Infer, or --model): step time, per-layer time,
+    TPOT, tokens/s per NPU, busy time per stream and micro-batch, time by op class, exposed
+    communication; --micro-batches 1,2 gives the gain of two; --tpot-slo finds the largest batch
+    meeting an SLO."""
+    from cmemu.models.description import load_model
+
     ep = ep or min(320, spec.dies)
+    preset = model_name == "deepseek-r1"
+    model = None if preset else load_model(model_name)
+    mtp = bool(mtp and (preset or model.mtp_layers))
+    total_layers = LAYERS if preset else model.layers
     try:
         mbs = sorted({int(x) for x in str(micro_batches).split(",") if x.strip()})
     except ValueError:
@@ -190,17 +245,26 @@ def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance
         raise CmemuError(f"--micro-batches must be 1, 2 or 1,2, got {micro_batches!r}")
 
     def cfg_for(tokens, mb=mbs[-1]):
-        return DecodeConfig(ep=ep, tokens_per_die=tokens, kv_len=kv_len, micro_batches=mb, mtp=mtp,
-                            mtp_acceptance=mtp_acceptance, dispatch_engine=dispatch_engine, skew=skew, layers=layers,
-                            lm_head_tp=lm_head_tp)
+        options = dict(ep=ep, tokens_per_die=tokens, kv_len=kv_len, micro_batches=mb, mtp=mtp,
+                       mtp_acceptance=mtp_acceptance, dispatch_engine=dispatch_engine, skew=skew, layers=layers,
+                       lm_head_tp=lm_head_tp)
+        if preset:
+            if attn_tp != 1:
+                raise CmemuError("--attn-tp: the deepseek-r1 preset is CloudMatrix-Infer's data-parallel attention; "
+                                 "give the path of its config (cmemu/models/configs/deepseek-r1.json) as --model "
+                                 "to deploy it otherwise")
+            return DecodeConfig(**options)
+        from cmemu.models.step import decode_deployment_from_options
 
-    params = {"ep": ep, "kv_len": kv_len, "micro_batches": ",".join(map(str, mbs)), "mtp": mtp,
+        return decode_deployment_from_options(model, spec.dies, attn_tp=attn_tp, **options)
+
+    params = {"model": model_name, "ep": ep, "kv_len": kv_len, "micro_batches": ",".join(map(str, mbs)), "mtp": mtp,
               "mtp_acceptance": mtp_acceptance, "dispatch_engine": dispatch_engine, "lm_head_tp": lm_head_tp,
-              "layers": layers, "fabric": fabric}
+              "attn_tp": attn_tp, "layers": layers, "fabric": fabric}
     if tpot_slo is None:
         steps, classes, streams = [], [], []
         for mb in mbs:
-            metrics, per_class, busy = run_decode(spec, cfg_for(tokens_per_die, mb), fabric, max_memory)
+            metrics, per_class, busy = run_decode(spec, cfg_for(tokens_per_die, mb), fabric, max_memory, model)
             steps.append(metrics)
             classes.append({"micro_batches": mb, **per_class})
             streams += [{"micro_batches": mb, **row} for row in busy]
@@ -208,14 +272,14 @@ def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance
                   "mean busy time per die by op class (us)": classes}
         if len(steps) == 2:
             one, two = steps
-            key = ("tokens_per_s_per_npu_61_layers_extrapolated" if "tokens_per_s_per_npu_61_layers_extrapolated" in one
-                   else "tokens_per_s_per_npu")
+            extrapolated = f"tokens_per_s_per_npu_{total_layers}_layers_extrapolated"
+            key = extrapolated if extrapolated in one else "tokens_per_s_per_npu"
             tables["gain of two micro-batches over one"] = [{
                 "tokens_per_die": tokens_per_die, "throughput_gain_pct": round(100 * (two[key] / one[key] - 1), 1),
                 "step_time_one_us": one["step_time_us"], "step_time_two_us": two["step_time_us"],
                 "basis": key}]
         return params, tables
-    key = "tpot_61_layers_extrapolated_ms" if layers < LAYERS else "tpot_ms"
+    key = f"tpot_{total_layers}_layers_extrapolated_ms" if layers < total_layers else "tpot_ms"
     rows = []
     lo, hi = 0, None
     tokens = tokens_per_die
@@ -223,7 +287,7 @@ def command(spec, ep, tokens_per_die, kv_len, micro_batches, mtp, mtp_acceptance
     for _ in range(8):
         if tokens < int(micro_batches) or (hi is not None and hi - lo <= 1):
             break
-        metrics, _, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory)
+        metrics, _, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory, model)
         rows.append(metrics)
         if metrics[key] is not None and metrics[key] <= tpot_slo:
             best, lo = metrics, tokens

@@ -1,4 +1,5 @@
-"""prefill: one DeepSeek-R1 prefill step of CloudMatrix-Infer (cmemu.trace.deepseek), simulated.
+"""prefill: one prefill step, simulated: DeepSeek-R1 in CloudMatrix-Infer (cmemu.trace.deepseek)
+by default, or any model (``--model NAME|CONFIG.json``: cmemu.models.step).
 
 Reports, from the simulated timeline (nothing is taken from the paper):
 - TTFT: the prefill step time, until the last op of the step ends (all dies, both micro-batches,
@@ -22,6 +23,7 @@ import numpy as np
 
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.scenarios.decode import _exposed, _union
+from cmemu.errors import CmemuError
 from cmemu.trace.deepseek import PrefillConfig
 from cmemu.trace.ems_fetch import prefill_step
 from cmemu.workload.deepseek import DENSE_LAYERS, LAYERS
@@ -43,13 +45,21 @@ CLASSES = (
     ("combine", ("combine",)),
     ("sampling", ("lm_head", "softmax")),
     ("kv_transfer", ("kv_send", "kv_recv")),
+    ("shared_expert", ("shared_ffn_up", "shared_swiglu", "shared_ffn_down")),
 )
+# A GQA model's: the SP stage is the input RMSNorm alone; the TP stage the q/k/v projection of the
+# die's heads, their q/k norms and RoPE.
+GQA_CLASSES = tuple(
+    ("attn_prolog_sp", ("rmsnorm_in",)) if cls == "mla_prolog_sp"
+    else ("attn_prolog_tp", ("qkv_proj", "rmsnorm_qk", "rope_qk")) if cls == "mla_prolog_tp"
+    else (cls, leaves) for cls, leaves in CLASSES)
 COMM_CLASSES = ("attn_gather", "attn_a2a", "dispatch", "combine")
 _CLASS_OF = {leaf: cls for cls, leaves in CLASSES for leaf in leaves}
+_GQA_CLASS_OF = {leaf: cls for cls, leaves in GQA_CLASSES for leaf in leaves}
 
 
-def _class_of(name: str) -> str:
-    return _CLASS_OF.get(name.rsplit(".", 1)[-1], "other")
+def _class_of(name: str, table=_CLASS_OF) -> str:
+    return table.get(name.rsplit(".", 1)[-1], "other")
 
 
 def layer_times_ps(cfg: PrefillConfig, result) -> list[int]:
@@ -61,24 +71,33 @@ def layer_times_ps(cfg: PrefillConfig, result) -> list[int]:
     return [e - p for e, p in zip(ends, [0] + ends[:-1])]
 
 
-def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
+def prefill_metrics(cfg: PrefillConfig, result, model=None) -> tuple[dict, dict]:
+    """The step's figures (module docstring); ``model`` None: DeepSeek-R1 (cmemu.trace.deepseek),
+    else ``cfg`` is a cmemu.models.step.PrefillDeployment of ``model``."""
     names = result.lowered.op_name
     start, end = result.op_start_ps, result.op_end_ps
     rank = result.lowered.op_rank
-    classes = np.array([_class_of(n) for n in names])
+    gqa = model is not None and model.attention == "gqa"
+    classes = np.array([_class_of(n, _GQA_CLASS_OF if gqa else _CLASS_OF) for n in names])
     step_ps = int(end[classes != "kv_transfer"].max())  # the first token is out before the KV moves on
+    if model is None:
+        dense_sim, dense_all, total = cfg.dense_layers, DENSE_LAYERS, LAYERS
+    else:
+        from cmemu.models.step import dense_layers_of
+
+        dense_sim, dense_all, total = dense_layers_of(model, cfg.layers), model.dense_first_layers, model.layers
     per_class = {}
-    for cls, _ in CLASSES:
+    for cls, _ in GQA_CLASSES if gqa else CLASSES:
         m = classes == cls
         if m.any():
             per_class[f"{cls}_us"] = round(float((end[m] - start[m]).sum()) / cfg.ep / 1e6, 2)
     times = layer_times_ps(cfg, result)
-    dense_ps = times[cfg.dense_layers - 1] if cfg.dense_layers else None
-    moe_ps = times[-1] if cfg.layers > cfg.dense_layers else None
+    dense_ps = times[dense_sim - 1] if dense_sim else None
+    moe_ps = times[-1] if cfg.layers > dense_sim else None
     is_comm = np.isin(classes, COMM_CLASSES)
     is_compute = ~is_comm & ~np.isin(classes, ("kv_fetch", "ems_fetch", "ems_gather"))
     ems = classes == "ems_gather"
-    if ems.any() and cfg.dense_layers < 2:
+    if ems.any() and dense_sim < 2:
         dense_ps = None  # layer 0 waits for the EMS fetch: its time is no dense layer's (simulate 3 layers)
     exposed = []
     for r in range(cfg.ep):
@@ -98,22 +117,33 @@ def prefill_metrics(cfg: PrefillConfig, result) -> tuple[dict, dict]:
     }
     if ems.any():
         out["ems_prefix_in_hbm_ms"] = round(int(end[ems].max()) / 1e9, 3)
-    if cfg.layers < LAYERS and moe_ps and dense_ps:
-        full_ps = (step_ps + (DENSE_LAYERS - cfg.dense_layers) * dense_ps
-                   + (LAYERS - DENSE_LAYERS - (cfg.layers - cfg.dense_layers)) * moe_ps)
-        out["ttft_61_layers_extrapolated_ms"] = round(full_ps / 1e9, 3)
-        out["tokens_per_s_per_npu_61_layers_extrapolated"] = round(tokens / (full_ps / 1e12) / npus, 1)
+    dense_left, moe_left = dense_all - dense_sim, total - dense_all - (cfg.layers - dense_sim)
+    if cfg.layers < total and (dense_ps or not dense_left) and (moe_ps or not moe_left):
+        full_ps = step_ps + dense_left * (dense_ps or 0) + moe_left * (moe_ps or 0)
+        out[f"ttft_{total}_layers_extrapolated_ms"] = round(full_ps / 1e9, 3)
+        out[f"tokens_per_s_per_npu_{total}_layers_extrapolated"] = round(tokens / (full_ps / 1e12) / npus, 1)
     return out, per_class
 
 
-def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None, ems_plane="hbm",
-                pool_nodes=None, kv_transfer=False, decode_dp=320, layerwise=False):
-    """Simulate one prefill step (cmemu.trace.ems_fetch.prefill_step): (metrics, time by class,
-    KV arrivals or None). With ``kv_transfer`` the step is simulated twice: its figures from the
-    step alone, the arrivals from the step with the transfers. In a cut-down trace the transfers
-    leave during the last simulated layer, which stands for every MoE layer in the extrapolation
-    to 61 (in the whole model they overlap the last layer only); the first token does not wait
-    for them."""
+def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: int | None = None, model=None,
+                ems_plane="hbm", pool_nodes=None, kv_transfer=False, decode_dp=320, layerwise=False):
+    """(step metrics, busy time by op class, KV arrivals or None) of one simulated step:
+    DeepSeek-R1 in CloudMatrix-Infer (``model`` None; with its EMS fetch and KV transfer,
+    cmemu.trace.ems_fetch.prefill_step) or ``model`` (``cfg`` a PrefillDeployment). With
+    ``kv_transfer`` the step is simulated twice: its figures from the step alone, the arrivals
+    from the step with the transfers. In a cut-down trace the transfers leave during the last
+    simulated layer, which stands for every MoE layer in the extrapolation (in the whole model
+    they overlap the last layer only); the first token does not wait for them."""
+    if model is not None:
+        if kv_transfer or (cfg.reuse and ems_plane != "hbm"):
+            raise CmemuError(f"--model {model.name}: the EMS fetch and the KV transfer are modelled for deepseek-r1 "
+                             "(CloudMatrix-Infer's deployment) only; use --ems-plane hbm")
+        from cmemu.models.step import prefill_step as model_prefill_step
+
+        doc = model_prefill_step(model, cfg, spec.name, spec.dies)
+        metrics, per_class = prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory),
+                                             model)
+        return metrics, per_class, None
     cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, False, decode_dp, layerwise)
     metrics, per_class = prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory))
     if ems_plane != "hbm" and cfg.reused_tokens:
@@ -139,6 +169,10 @@ def kv_arrivals(doc, result) -> list[dict]:
 
 
 @scenario_command("prefill")
+@click.option("--model", "model_name", default="deepseek-r1", show_default=True, metavar="NAME|CONFIG.json",
+              help="A shipped model (`cmemu models`) or a Hugging Face config.json; deepseek-r1 is CloudMatrix-Infer's "
+                   "own deployment (10 expert slots per die), any other the model step generator's (as many slots "
+                   "per die as its experts need at this EP degree).")
 @click.option("--ep", type=click.IntRange(min=2), default=32, show_default=True, help="EP degree (dies).")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Tokens per prompt.")
@@ -157,33 +191,42 @@ def kv_arrivals(doc, result) -> list[dict]:
               help="Nodes whose CPUs form the EMS pool [default: all].")
 @click.option("--ems-fetch", type=click.Choice(["whole", "layerwise"]), default="whole", show_default=True,
               help="The EMS fetch waited for whole before layer 0, or read and waited for layer by layer.")
-@click.option("--kv-transfer", is_flag=True, help="Send each request's KV to its decode die over RDMA after its "
+@click.option("--kv-transfer", is_flag=True, default=False, help="Send each request's KV to its decode die over RDMA after its "
               "last layer, and report when it arrives.")
 @click.option("--decode-dp", type=click.IntRange(min=1), default=320, show_default=True,
               help="With --kv-transfer: decode DP ranks (one die each, after the prefill dies).")
 @click.option("--dispatch-engine", type=click.Choice(["sdma", "aiv"]), default="sdma", show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @run_options
-@click.option("--layers", type=click.IntRange(1, LAYERS), default=None,
-              help="Layers to simulate (TTFT and tokens/s are also extrapolated to 61) [default: 2; 3 with an EMS "
-                   "fetch, whose wait is in layer 0, so that a dense layer's time is layer 1's].")
-def command(spec, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, ems_plane, pool_nodes, ems_fetch,
-            kv_transfer, decode_dp, dispatch_engine, skew, fabric, max_memory, layers):
-    """DeepSeek-R1 prefill step (CloudMatrix-Infer, EP32, SP -> TP -> SP attention): TTFT, per-layer
-    time, prompt tokens/s per NPU, time by op class, exposed communication."""
+@click.option("--layers", type=click.IntRange(min=1), default=None,
+              help="Layers to simulate (TTFT and tokens/s are also extrapolated to all the model's) [default: 2; 3 "
+                   "with an EMS fetch, whose wait is in layer 0, so that a dense layer's time is layer 1's].")
+def command(spec, model_name, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, ems_plane, pool_nodes,
+            ems_fetch, kv_transfer, decode_dp, dispatch_engine, skew, fabric, max_memory, layers):
+    """A prefill step (DeepSeek-R1 in CloudMatrix-Infer: EP32, SP -> TP -> SP attention; or
+    --model): TTFT, per-layer time, prompt tokens/s per NPU, time by op class, exposed
+    communication."""
     if layers is None:
-        layers = 3 if reuse and ems_plane != "hbm" else 2
-    cfg = PrefillConfig(ep=ep, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
-                        micro_batches=int(micro_batches), int8=int8, reuse=reuse, dispatch_engine=dispatch_engine,
-                        skew=skew, layers=layers)
-    params = {"ep": ep, "prompt_len": prompt_len, "requests": requests, "attn_tp": attn_tp,
+        layers = 3 if reuse and ems_plane != "hbm" and model_name == "deepseek-r1" else 2
+    options = dict(ep=ep, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp, micro_batches=int(micro_batches),
+                   reuse=reuse, dispatch_engine=dispatch_engine, skew=skew, layers=layers)
+    model = None
+    if model_name == "deepseek-r1":
+        cfg = PrefillConfig(int8=int8, **options)
+    else:
+        from cmemu.models.description import load_model
+        from cmemu.models.step import prefill_deployment_from_options
+
+        model = load_model(model_name)
+        cfg = prefill_deployment_from_options(model, weight_dtype="int8" if int8 else "bf16", **options)
+    params = {"model": model_name, "ep": ep, "prompt_len": prompt_len, "requests": requests, "attn_tp": attn_tp,
               "micro_batches": cfg.micro_batches, "dtype": "int8" if int8 else "bf16", "reuse": reuse,
               "dispatch_engine": dispatch_engine, "layers": layers, "fabric": fabric}
     if reuse:
         params["ems_plane"] = ems_plane
         if ems_plane != "hbm":
             params["ems_fetch"] = ems_fetch
-    metrics, per_class, arrivals = run_prefill(spec, cfg, fabric, max_memory, ems_plane, pool_nodes, kv_transfer,
+    metrics, per_class, arrivals = run_prefill(spec, cfg, fabric, max_memory, model, ems_plane, pool_nodes, kv_transfer,
                                                decode_dp, ems_fetch == "layerwise")
     tables = {"prefill step": [metrics], "mean busy time per die by op class (us)": [per_class]}
     if arrivals is not None:

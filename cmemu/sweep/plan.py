@@ -64,6 +64,22 @@ class Sweep:
         return [k for keys, _ in self.axes for k in keys]
 
 
+# Options a scenario gained after sweeps of it were keyed, with the value that means what the
+# scenario did before them: a point's key leaves them out while they hold it, so that a re-run
+# still finds the points it finished (the run itself gets every option).
+KEY_NEUTRAL_OPTIONS = {
+    ("scenario", "decode"): {"model_name": "deepseek-r1", "attn_tp": 1},
+    ("scenario", "prefill"): {"model_name": "deepseek-r1"},
+}
+
+
+def keyed_config(config: dict) -> dict:
+    """``config`` without the options of KEY_NEUTRAL_OPTIONS that hold their neutral value."""
+    neutral = KEY_NEUTRAL_OPTIONS.get(("scenario", config["scenario"]), {}) if config.get("kind") == "scenario" else {}
+    options = {k: v for k, v in config.get("options", {}).items() if k not in neutral or neutral[k] != v}
+    return {**config, "options": options} if neutral else config
+
+
 def point_key(config: dict) -> str:
     """The folder name of a point: 16 hex digits of the SHA-256 of its canonical JSON."""
     text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -446,7 +462,7 @@ class _Checker:
             config[kind] = target
         # A trace run without a system uses the trace header's (the sha256 covers the header).
         config.update(system=system, overrides=dict(sorted(overrides.items())), options=options)
-        return Point(point_key(config), parameters, config, target if kind == "trace" else None)
+        return Point(point_key(keyed_config(config)), parameters, config, target if kind == "trace" else None)
 
 
 def _default(param):

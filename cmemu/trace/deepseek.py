@@ -29,12 +29,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from cmemu.errors import CmemuError
-from cmemu.workload.deepseek import (DENSE_FFN, DENSE_LAYERS, EXPERT_FFN, HEADS, HIDDEN, KV_LORA, LAYERS, Q_LORA, QK_NOPE,
-                                     QK_ROPE, ROUTED_TOP_K, V_HEAD, VOCAB)
-from cmemu.workload.moe import moe_routing, moe_routing_bytes
+from cmemu.workload.deepseek import DENSE_LAYERS, HEADS, KV_LORA, LAYERS, QK_ROPE
+
 
 
 def _check_step(cfg, dies: int) -> None:
@@ -97,138 +94,38 @@ class DecodeConfig:
         return 1.0 + (self.mtp_acceptance if self.mtp else 0.0)
 
 
-def _check_routing(tokens: int, top_k: int, experts: int, members: int, option: str) -> None:
-    """The generator routes the step's tokens to experts (moe_routing) to size the expert GEMMs:
-    refuse, before it does, a step whose routing would not fit in memory (3/4 of it, as `cmemu
-    run` would allow)."""
-    from cmemu.units import default_memory_limit, format_bytes
+def preset_model():
+    """DeepSeek-R1's description, from its shipped config.json (cmemu/models/configs)."""
+    from cmemu.models.description import load_model
 
-    need, limit = moe_routing_bytes(tokens, top_k, experts, members), default_memory_limit()
-    if need > limit:
-        raise CmemuError(f"{option}: routing {tokens:,} tokens at a time to the top {top_k} of {experts:,} experts on "
-                         f"{members:,} dies needs about {format_bytes(need)}, more than the memory limit of "
-                         f"{format_bytes(limit)} (3/4 of this machine's); generate fewer tokens per step")
+    return load_model("deepseek-r1")
+
+
+def decode_deployment(cfg: DecodeConfig):
+    """CloudMatrix-Infer's decode deployment (SPEC.md 2.8) with ``cfg``'s options: one expert
+    slot per die (at EP320: 256 routed experts, 32 copies of the shared expert, 32 redundant),
+    the shared expert drawn as a ninth destination of the routing, attention on 16 AIC + 32 AIV
+    and the MoE on 8 AIC + 16 AIV of each die."""
+    from cmemu.models.step import DecodeDeployment
+
+    return DecodeDeployment(ep=cfg.ep, tokens_per_die=cfg.tokens_per_die, kv_len=cfg.kv_len,
+                            micro_batches=cfg.micro_batches, mtp=cfg.mtp, mtp_acceptance=cfg.mtp_acceptance,
+                            weight_dtype="int8" if cfg.int8 else "bf16", dispatch_engine=cfg.dispatch_engine,
+                            skew=cfg.skew, layers=cfg.layers, seed=cfg.seed, lm_head_tp=cfg.lm_head_tp,
+                            experts_per_die=1, shared_expert="ep", attn_aic=16, moe_aic=8)
 
 
 def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
-    """The trace document of one decode step (docs/trace-format.md)."""
+    """The trace document of one decode step (docs/trace-format.md): the model step generator
+    (cmemu.models.step) with DeepSeek-R1's config and CloudMatrix-Infer's deployment."""
+    from cmemu.models.step import decode_step
+
     cfg.check(dies)
-    ranks = list(range(cfg.ep))
-    wdt = "int8" if cfg.int8 else "bf16"
-    nodes: list[dict] = []
-    tokens = cfg.tokens_per_step
-    mb_tokens = [tokens // cfg.micro_batches + (1 if i < tokens % cfg.micro_batches else 0)
-                 for i in range(cfg.micro_batches)]
-    top_k = min(ROUTED_TOP_K + 1, cfg.ep)  # the shared expert as a ninth destination (fewer if EP < 9)
-    received = {}
-    _check_routing(max(mb_tokens), top_k, cfg.ep, cfg.ep, "--tokens-per-die")
-    for mb, t in enumerate(mb_tokens):
-        routing = moe_routing(t, top_k, cfg.ep, cfg.ep, cfg.skew, cfg.seed + mb)
-        counts = [int((routing == r).sum()) for r in range(cfg.ep)]
-        received[mb] = counts
-
-    last = {}  # (rank, mb) -> id of the micro-batch's last node so far
-
-    def add(rank, stream, name, ntype, attrs, deps=()):
-        node = {"id": len(nodes), "name": name, "type": ntype, "rank": rank, "stream": stream, "attrs": attrs}
-        deps = [d for d in deps if d is not None]
-        if deps:
-            node["data_deps"] = deps
-        nodes.append(node)
-        return node["id"]
-
-    def comp(rank, stream, name, op, cores, deps=(), **shape):
-        attrs = {"cmemu.op": op, "cmemu.cores": cores, **{f"cmemu.{k}": v for k, v in shape.items()}}
-        return add(rank, stream, name, "COMP", attrs, deps)
-
-    n_layers = cfg.layers + (1 if cfg.mtp else 0)
-    for layer in range(n_layers):
-        dense = layer < cfg.dense_layers
-        tag = f"L{layer}" if layer < cfg.layers else "MTP"
-        for mb, t in enumerate(mb_tokens):
-            for r in ranks:
-                prev = last.get((r, mb))
-                # Stream 0: attention.
-                a = comp(r, 0, f"{tag}.mb{mb}.rmsnorm_in", "rmsnorm", 32, [prev], rows=t, cols=HIDDEN)
-                a = comp(r, 0, f"{tag}.mb{mb}.q_down", "gemm", 16, [a], m=t, n=Q_LORA, k=HIDDEN, dtype=wdt)
-                a = comp(r, 0, f"{tag}.mb{mb}.q_up", "gemm", 16, [a], m=t, n=HEADS * (QK_NOPE + QK_ROPE), k=Q_LORA,
-                         dtype=wdt)
-                a = comp(r, 0, f"{tag}.mb{mb}.kv_down", "gemm", 16, [a], m=t, n=KV_LORA + QK_ROPE, k=HIDDEN, dtype=wdt)
-                a = comp(r, 0, f"{tag}.mb{mb}.rmsnorm_kv", "rmsnorm", 32, [a], rows=t, cols=KV_LORA)
-                a = comp(r, 0, f"{tag}.mb{mb}.rope", "rope", 32, [a], rows=t * (HEADS + 1), cols=QK_ROPE)
-                a = comp(r, 0, f"{tag}.mb{mb}.absorb_uk", "grouped_gemm", 16, [a], m=t, n=KV_LORA, k=QK_NOPE,
-                         groups=HEADS, dtype="bf16")
-                # With MTP a request's two query tokens share its KV reads (queries_per_request 2).
-                # An odd micro-batch has a request whose other token is in the other micro-batch:
-                # counted as a whole request here (its KV is read in both, as it would be; its
-                # cube work one query too many).
-                mtp = {"queries_per_request": 2} if cfg.mtp else {}
-                a = comp(r, 0, f"{tag}.mb{mb}.attention", "mla_attention", 16, [a], tokens=t + t % 2 if cfg.mtp else t,
-                         kv_len=cfg.kv_len, heads=HEADS, **mtp)
-                a = comp(r, 0, f"{tag}.mb{mb}.absorb_uv", "grouped_gemm", 16, [a], m=t, n=V_HEAD, k=KV_LORA,
-                         groups=HEADS, dtype="bf16")
-                a = comp(r, 0, f"{tag}.mb{mb}.o_proj", "gemm", 16, [a], m=t, n=HIDDEN, k=HEADS * V_HEAD, dtype=wdt)
-                # Stream 1: FFN (dense) or MoE.
-                f = comp(r, 1, f"{tag}.mb{mb}.rmsnorm_ffn", "rmsnorm", 16, [a], rows=t, cols=HIDDEN)
-                if dense:
-                    f = comp(r, 1, f"{tag}.mb{mb}.ffn_up", "gemm", 8, [f], m=t, n=2 * DENSE_FFN, k=HIDDEN, dtype=wdt)
-                    f = comp(r, 1, f"{tag}.mb{mb}.swiglu", "swiglu", 16, [f], rows=t, cols=DENSE_FFN)
-                    f = comp(r, 1, f"{tag}.mb{mb}.ffn_down", "gemm", 8, [f], m=t, n=HIDDEN, k=DENSE_FFN, dtype=wdt)
-                    last[(r, mb)] = f
-                else:
-                    last[(r, mb)] = comp(r, 1, f"{tag}.mb{mb}.gate", "gemm", 8, [f], m=t, n=256, k=HIDDEN,
-                                         dtype="bf16")
-            if dense:
-                continue
-            moe = {"cmemu.group": "ep", "cmemu.tokens": t, "cmemu.top_k": top_k, "cmemu.hidden": HIDDEN,
-                   "cmemu.experts": cfg.ep, "cmemu.skew": cfg.skew, "cmemu.seed": cfg.seed + mb, "cmemu.cores": 16}
-            disp = {r: add(r, 1, f"{tag}.mb{mb}.dispatch", "COMM_COLL",
-                           {"comm_type": "MOE_DISPATCH", "cmemu.engine": cfg.dispatch_engine, **moe},
-                           [last[(r, mb)]]) for r in ranks}
-            mlp = {}
-            for r in ranks:
-                m = max(1, received[mb][r])
-                e = comp(r, 1, f"{tag}.mb{mb}.expert_up", "grouped_gemm", 8, [disp[r]], m=m, n=2 * EXPERT_FFN,
-                         k=HIDDEN, groups=1, dtype=wdt)
-                e = comp(r, 1, f"{tag}.mb{mb}.expert_swiglu", "swiglu", 16, [e], rows=m, cols=EXPERT_FFN)
-                mlp[r] = comp(r, 1, f"{tag}.mb{mb}.expert_down", "grouped_gemm", 8, [e], m=m, n=HIDDEN,
-                              k=EXPERT_FFN, groups=1, dtype=wdt)
-            for r in ranks:
-                last[(r, mb)] = add(r, 1, f"{tag}.mb{mb}.combine", "COMM_COLL",
-                                    {"comm_type": "MOE_COMBINE", "cmemu.engine": cfg.dispatch_engine, **moe},
-                                    [mlp[r]])
-    # Sampling: the LM head and a softmax over the vocabulary, per micro-batch. Replicated
-    # (lm_head_tp 1): each die multiplies its own tokens by the whole head. Sharded over groups of
-    # lm_head_tp dies: the group's hidden states are all-gathered, each die multiplies them by its
-    # share of the vocabulary, and the logits go back to their tokens' dies (an all-to-all) for
-    # the softmax.
-    tp = cfg.lm_head_tp
-    shard = -(-VOCAB // tp)
-    groups = {"ep": ranks}
-    if tp > 1:
-        groups.update({f"lm{g}": ranks[g * tp:(g + 1) * tp] for g in range(cfg.ep // tp)})
-    for mb, t in enumerate(mb_tokens):
-        for r in ranks:
-            if tp == 1:
-                s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", 16, [last[(r, mb)]], m=t, n=VOCAB, k=HIDDEN,
-                         dtype=wdt)
-            else:
-                grp = f"lm{r // tp}"
-                g = add(r, 0, f"sample.mb{mb}.lm_gather", "COMM_COLL",
-                        {"comm_type": "ALL_GATHER", "cmemu.group": grp, "comm_size": t * HIDDEN * 2},
-                        [last[(r, mb)]])
-                s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", 16, [g], m=t * tp, n=shard, k=HIDDEN, dtype=wdt)
-                s = add(r, 0, f"sample.mb{mb}.lm_scatter", "COMM_COLL",
-                        {"comm_type": "ALL_TO_ALL", "cmemu.group": grp, "comm_size": t * shard * 2}, [s])
-            comp(r, 0, f"sample.mb{mb}.softmax", "softmax", 32, [s], rows=t, cols=VOCAB)
-    return {
-        "schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": system,
-        "description": (f"DeepSeek-R1 decode step: EP{cfg.ep}, {cfg.tokens_per_die} tokens/die, KV {cfg.kv_len}, "
-                        f"{cfg.micro_batches} micro-batch(es), {cfg.layers} layer(s), MTP {'on' if cfg.mtp else 'off'}"),
-        "groups": groups,
-        "cmemu.generator": {"name": "deepseek-r1", "phase": "decode", **asdict(cfg)},
-        "nodes": nodes,
-    }
+    return decode_step(
+        preset_model(), decode_deployment(cfg), system, dies,
+        generator={"name": "deepseek-r1", "phase": "decode", **asdict(cfg)},
+        description=(f"DeepSeek-R1 decode step: EP{cfg.ep}, {cfg.tokens_per_die} tokens/die, KV {cfg.kv_len}, "
+                     f"{cfg.micro_batches} micro-batch(es), {cfg.layers} layer(s), MTP {'on' if cfg.mtp else 'off'}"))
 
 
 # --- Prefill -------------------------------------------------------------------------------------
@@ -311,6 +208,18 @@ class PrefillConfig:
         return KV_LATENT * (1 if self.int8 else 2)
 
 
+def prefill_deployment(cfg: PrefillConfig):
+    """CloudMatrix-Infer's prefill deployment (SPEC.md 2.8) with ``cfg``'s options: 10 expert
+    slots per die (at EP32: 8 routed, 1 shared, 1 redundant), the shared expert drawn as a ninth
+    destination of the routing, every op on all the die's cores."""
+    from cmemu.models.step import PrefillDeployment
+
+    return PrefillDeployment(ep=cfg.ep, prompt_len=cfg.prompt_len, requests=cfg.requests, attn_tp=cfg.attn_tp,
+                             micro_batches=cfg.micro_batches, weight_dtype="int8" if cfg.int8 else "bf16",
+                             reuse=cfg.reuse, dispatch_engine=cfg.dispatch_engine, skew=cfg.skew, layers=cfg.layers,
+                             seed=cfg.seed, experts_per_die=PREFILL_EXPERTS_PER_DIE, shared_expert="ep")
+
+
 def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
     """The trace document of one prefill step (docs/trace-format.md).
 
@@ -350,109 +259,12 @@ def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
     token's SP die, q_b and kv_b on each die of its TP group for that die's heads); the attention
     op does attention alone. Simplifications: docs/model.md.
     """
+    from cmemu.models.step import prefill_step
+
     cfg.check(dies)
-    ranks = list(range(cfg.ep))
-    G = cfg.attn_tp
-    wdt = "int8" if cfg.int8 else "bf16"
-    nodes: list[dict] = []
-    S = cfg.tokens_per_die
-    heads = HEADS // G
-    top_k = min(ROUTED_TOP_K + 1, cfg.ep * PREFILL_EXPERTS_PER_DIE)
-    experts = cfg.ep * PREFILL_EXPERTS_PER_DIE
-    groups = {"ep": ranks, **{f"tp{g}": ranks[g * G:(g + 1) * G] for g in range(cfg.tp_groups)}}
-    _check_routing(S, top_k, experts, cfg.ep, "--prompt-len x --requests")
-    received = {mb: np.bincount(moe_routing(S, top_k, experts, cfg.ep, cfg.skew, cfg.seed + mb).ravel(),
-                                minlength=cfg.ep) for mb in range(cfg.micro_batches)}
-    last = {}
-
-    def add(rank, stream, name, ntype, attrs, deps=()):
-        node = {"id": len(nodes), "name": name, "type": ntype, "rank": rank, "stream": stream, "attrs": attrs}
-        deps = [d for d in deps if d is not None]
-        if deps:
-            node["data_deps"] = deps
-        nodes.append(node)
-        return node["id"]
-
-    def comp(rank, stream, name, op, deps=(), **shape):
-        return add(rank, stream, name, "COMP", {"cmemu.op": op, **{f"cmemu.{k}": v for k, v in shape.items()}}, deps)
-
-    def coll(rank, stream, name, group, deps, **attrs):
-        return add(rank, stream, name, "COMM_COLL", {"cmemu.group": group, **attrs}, deps)
-
-    r_g = cfg.requests_per_group
-    latent_byte = (Q_LORA + KV_LATENT) * 2
-    for layer in range(cfg.layers):
-        dense = layer < cfg.dense_layers
-        for mb in range(cfg.micro_batches):
-            tag = f"L{layer}.mb{mb}"
-            for r in ranks:
-                a = comp(r, mb, f"{tag}.rmsnorm_in", "rmsnorm", [last.get((r, mb))], rows=S, cols=HIDDEN)
-                a = comp(r, mb, f"{tag}.q_down", "gemm", [a], m=S, n=Q_LORA, k=HIDDEN, dtype=wdt)
-                a = comp(r, mb, f"{tag}.rmsnorm_q", "rmsnorm", [a], rows=S, cols=Q_LORA)
-                a = comp(r, mb, f"{tag}.kv_down", "gemm", [a], m=S, n=KV_LATENT, k=HIDDEN, dtype=wdt)
-                a = comp(r, mb, f"{tag}.rmsnorm_kv", "rmsnorm", [a], rows=S, cols=KV_LORA)
-                a = comp(r, mb, f"{tag}.rope_k", "rope", [a], rows=S, cols=QK_ROPE)
-                a = coll(r, mb, f"{tag}.attn_gather", f"tp{r // G}", [a], comm_type="ALL_GATHER",
-                         comm_size=S * latent_byte, **{"cmemu.engine": "sdma"})
-                if cfg.reused_tokens:
-                    # Prefetched on a copy stream of its own, so that it overlaps the SP stage.
-                    kv = add(r, cfg.micro_batches + mb, f"{tag}.kv_fetch", "MEM_LOAD",
-                             {"tensor_size": r_g * cfg.reused_tokens * cfg.kv_byte_per_token_layer})
-                    a = [a, kv]
-                else:
-                    a = [a]
-                a = [comp(r, mb, f"{tag}.q_up", "gemm", a, m=r_g * cfg.new_tokens, n=heads * (QK_NOPE + QK_ROPE),
-                          k=Q_LORA, dtype=wdt)]
-                a = [comp(r, mb, f"{tag}.kv_up", "gemm", a, m=r_g * cfg.prompt_len, n=heads * (QK_NOPE + V_HEAD),
-                          k=KV_LORA, dtype=wdt)]
-                a = [comp(r, mb, f"{tag}.rope_q", "rope", a, rows=r_g * cfg.new_tokens * heads, cols=QK_ROPE)]
-                for q in range(r_g):
-                    a = [comp(r, mb, f"{tag}.attention", "mla_prefill_attention", a, tokens=cfg.new_tokens,
-                              kv_len=cfg.prompt_len, heads=heads)]
-                a = coll(r, mb, f"{tag}.attn_a2a", f"tp{r // G}", a, comm_type="ALL_TO_ALL",
-                         comm_size=S * heads * V_HEAD * 2, **{"cmemu.engine": "sdma"})
-                a = comp(r, mb, f"{tag}.o_proj", "gemm", [a], m=S, n=HIDDEN, k=HEADS * V_HEAD, dtype=wdt)
-                f = comp(r, mb, f"{tag}.rmsnorm_ffn", "rmsnorm", [a], rows=S, cols=HIDDEN)
-                if dense:
-                    f = comp(r, mb, f"{tag}.ffn_up", "gemm", [f], m=S, n=2 * DENSE_FFN, k=HIDDEN, dtype=wdt)
-                    f = comp(r, mb, f"{tag}.swiglu", "swiglu", [f], rows=S, cols=DENSE_FFN)
-                    f = comp(r, mb, f"{tag}.ffn_down", "gemm", [f], m=S, n=HIDDEN, k=DENSE_FFN, dtype=wdt)
-                else:
-                    f = comp(r, mb, f"{tag}.gate", "gemm", [f], m=S, n=256, k=HIDDEN, dtype="bf16")
-                last[(r, mb)] = f
-            if dense:
-                continue
-            moe = {"cmemu.tokens": S, "cmemu.top_k": top_k, "cmemu.hidden": HIDDEN, "cmemu.experts": experts,
-                   "cmemu.skew": cfg.skew, "cmemu.seed": cfg.seed + mb, "cmemu.engine": cfg.dispatch_engine}
-            disp = {r: coll(r, mb, f"{tag}.dispatch", "ep", [last[(r, mb)]], comm_type="MOE_DISPATCH", **moe)
-                    for r in ranks}
-            mlp = {}
-            for r in ranks:
-                m = max(1, -(-int(received[mb][r]) // PREFILL_EXPERTS_PER_DIE))
-                e = comp(r, mb, f"{tag}.expert_up", "grouped_gemm", [disp[r]], m=m, n=2 * EXPERT_FFN, k=HIDDEN,
-                         groups=PREFILL_EXPERTS_PER_DIE, dtype=wdt)
-                e = comp(r, mb, f"{tag}.expert_swiglu", "swiglu", [e], rows=max(1, int(received[mb][r])),
-                         cols=EXPERT_FFN)
-                mlp[r] = comp(r, mb, f"{tag}.expert_down", "grouped_gemm", [e], m=m, n=HIDDEN, k=EXPERT_FFN,
-                              groups=PREFILL_EXPERTS_PER_DIE, dtype=wdt)
-            for r in ranks:
-                last[(r, mb)] = coll(r, mb, f"{tag}.combine", "ep", [mlp[r]], comm_type="MOE_COMBINE", **moe)
-    # The first output token: the LM head and a softmax for the last token of each request, on
-    # the die whose share holds it (a group's tokens lie request after request, S per die).
-    for mb in range(cfg.micro_batches):
-        for r in ranks:
-            local = r % G
-            owned = sum(1 for q in range(r_g) if ((q + 1) * cfg.new_tokens - 1) // S == local)
-            if owned:
-                s = comp(r, mb, f"sample.mb{mb}.lm_head", "gemm", [last[(r, mb)]], m=owned, n=VOCAB, k=HIDDEN,
-                         dtype=wdt)
-                comp(r, mb, f"sample.mb{mb}.softmax", "softmax", [s], rows=owned, cols=VOCAB)
-    return {
-        "schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": system,
-        "description": (f"DeepSeek-R1 prefill step: EP{cfg.ep}, {cfg.requests} request(s) x {cfg.prompt_len} tokens "
-                        f"(reuse {cfg.reuse:g}), attention TP{G}, {cfg.micro_batches} micro-batch(es), "
-                        f"{cfg.layers} layer(s)"),
-        "groups": groups,
-        "cmemu.generator": {"name": "deepseek-r1", "phase": "prefill", **asdict(cfg)},
-        "nodes": nodes,
-    }
+    return prefill_step(
+        preset_model(), prefill_deployment(cfg), system, dies,
+        generator={"name": "deepseek-r1", "phase": "prefill", **asdict(cfg)},
+        description=(f"DeepSeek-R1 prefill step: EP{cfg.ep}, {cfg.requests} request(s) x {cfg.prompt_len} tokens "
+                     f"(reuse {cfg.reuse:g}), attention TP{cfg.attn_tp}, {cfg.micro_batches} micro-batch(es), "
+                     f"{cfg.layers} layer(s)"))

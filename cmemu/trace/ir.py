@@ -62,6 +62,10 @@ COMP_OPS = {
     "mla_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads", "cmemu.queries_per_request")),
     "mla_prefill": ("aic", ("cmemu.tokens",), ("cmemu.heads",)),
     "mla_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
+    "gqa_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads", "cmemu.head_dim"),
+                      ("cmemu.queries_per_request",)),
+    "gqa_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads",
+                                      "cmemu.head_dim"), ()),
     "rmsnorm": _ROWS_COLS,
     "rope": _ROWS_COLS,
     "swiglu": _ROWS_COLS,
@@ -69,9 +73,11 @@ COMP_OPS = {
     "quant_int8": _ROWS_COLS,
 }
 # Ops that run on clusters of 1 AIC + 2 AIV: cmemu.cores counts the AIC, each holds its 2 AIV.
-CLUSTER_OPS = frozenset({"mla_decode", "mla_attention", "mla_prefill", "mla_prefill_attention"})
+CLUSTER_OPS = frozenset({"mla_decode", "mla_attention", "mla_prefill", "mla_prefill_attention", "gqa_attention",
+                         "gqa_prefill_attention"})
 COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile_m", "cmemu.tile_n",
-                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.queries_per_request", "cmemu.rows",
+                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads", "cmemu.head_dim",
+                    "cmemu.queries_per_request", "cmemu.rows",
                     "cmemu.cols")
 COMM_PLANES = ("ub", "rdma", "vpc")
 MEM_PLANES = ("ub", "vpc")  # a CPU is on UB and the VPC plane, not on RDMA
@@ -1112,12 +1118,17 @@ def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
         if key in COMP_SHAPE_ATTRS and key not in allowed:
             err(i, f"{pre}does not apply to cmemu.op \"{op}\" (its shape: "
                 f"{', '.join(required + optional)})", label, key)
-    if op == "mla_prefill_attention":
+    if op in ("mla_prefill_attention", "gqa_prefill_attention"):
         tokens, kv_len = raw.get("cmemu.tokens"), raw.get("cmemu.kv_len")
         if isinstance(tokens, int) and isinstance(kv_len, int) and kv_len < tokens:
             err(i, f"{pre}{kv_len} is fewer than cmemu.tokens ({tokens}): the queries are the last "
                 "cmemu.tokens of the cmemu.kv_len positions", label, "cmemu.kv_len")
-    if op in ("mla_decode", "mla_attention"):
+    if op in ("gqa_attention", "gqa_prefill_attention"):
+        heads, kv_heads = raw.get("cmemu.heads"), raw.get("cmemu.kv_heads")
+        if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads >= 1 and heads % kv_heads:
+            err(i, f"{pre}cmemu.heads ({heads}) is not a multiple of it ({kv_heads}): each K/V head serves a whole "
+                "group of query heads", label, "cmemu.kv_heads")
+    if op in ("mla_decode", "mla_attention", "gqa_attention"):
         tokens, per = raw.get("cmemu.tokens"), raw.get("cmemu.queries_per_request")
         if isinstance(tokens, int) and isinstance(per, int) and per >= 1 and tokens % per:
             err(i, f"{pre}cmemu.tokens ({tokens}) is not a whole number of requests of {per} queries: make it a "
