@@ -37,6 +37,7 @@ setup(
                       "isal>=1.6"],  # the timeline's gzip chunks: ISA-L's deflate, 7x zlib's speed
     extras_require={
         "pandas": ["pandas>=2.0"],  # cmemu.open_timeline returns DataFrames when it is installed
+        "chakra": ["mlc-chakra>=1.0"],  # cmemu trace import/export chakra: Chakra's protobuf schema
         "test": ["pytest>=8", "pytest-benchmark>=4", "jsonschema>=4.20", "hypothesis>=6.100"],
     },
     entry_points={"console_scripts": ["cmemu=cmemu.cli:main"]},

@@ -45,9 +45,10 @@ def main():
 @RUN_OPTIONS["fail"].option()
 @RUN_OPTIONS["pipe_intervals"].option()
 @RUN_OPTIONS["fabric_model"].option()
+@RUN_OPTIONS["retime"].option()
 @reports_errors
 def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
-        pipe_intervals, fabric_model):
+        pipe_intervals, fabric_model, retime):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
     from cmemu.run import run_trace
 
@@ -58,7 +59,7 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
     r = run_trace(trace, system=system, overrides=overrides, output=output,
                   native=(engine == "native"), progress=not quiet, max_memory_bytes=max_memory,
                   compression=compression, detail=detail, link_bin_ns=link_bin_ns, fail=fail,
-                  pipe_intervals=pipe_intervals, fabric_model=fabric_model)
+                  pipe_intervals=pipe_intervals, fabric_model=fabric_model, retime=retime)
     total_s = time.perf_counter() - t0
     if quiet:
         return
@@ -79,6 +80,8 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
     click.echo(f"  wall time       {r.wall_time_s:.3f} s ({rate / 1e6:.2f} M events/s); "
                f"{total_s:.3f} s with the timeline written")
     click.echo(f"  timeline        {output}")
+    if r.retime is not None:
+        click.echo(f"  {r.retime.line()}")
 
 
 @main.command()
@@ -189,6 +192,69 @@ def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fai
     nodes = prep.trace.nodes
     messages = sum(1 for node in nodes if node.type == "COMM_SEND")
     click.echo(f"ok: {len(nodes)} nodes, {messages} messages ({prep.spec.name}, {prep.spec.dies} dies)")
+
+
+@trace.group("import")
+def trace_import():
+    """Make a cmemu trace from another tool's traces (docs/trace-format.md, "Importers")."""
+
+
+@trace_import.command("ascend")
+@click.argument("profiler_dir", metavar="PROFILER_DIR", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Trace file to write (.json, or .jsonl for one node per line).")
+@_system_options
+@click.option("--step", default=None, metavar="ID", help="Only the kernels of this step (the 'Step Id' column).")
+@click.option("--deps", type=click.Choice(["time", "stream"]), default="time", show_default=True,
+              help="time: stream order, and across a rank's streams the measured order (a node waits for what had "
+                   "ended when it started); stream: stream order only.")
+@reports_errors
+def trace_import_ascend(profiler_dir, output, system, overrides, step, deps):
+    """Import torch_npu (ASCEND_PROFILER_OUTPUT) or msprof (mindstudio_profiler_output) profiles, one rank or many."""
+    from cmemu.importers import import_ascend_to_file
+    from cmemu.output.atomic import check_output
+    from cmemu.spec import load_system
+
+    check_output(output)
+    spec = load_system(system or DEFAULT_SYSTEM, overrides)
+    result = import_ascend_to_file(profiler_dir, output, spec, step=step, deps=deps)
+    for line in result.summary_lines(output):
+        click.echo(line)
+
+
+@trace_import.command("chakra")
+@click.argument("prefix", metavar="PREFIX")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Trace file to write (.json, or .jsonl for one node per line).")
+@_system_options
+@reports_errors
+def trace_import_chakra(prefix, output, system, overrides):
+    """Import a Chakra execution trace: PREFIX.0.et, PREFIX.1.et, ... (one file per rank; needs cmemu[chakra])."""
+    from cmemu.importers import import_chakra_to_file
+    from cmemu.output.atomic import check_output
+
+    check_output(output)
+    for line in import_chakra_to_file(prefix, output, system, overrides):
+        click.echo(line)
+
+
+@trace.group("export")
+def trace_export():
+    """Write a cmemu trace in another tool's format."""
+
+
+@trace_export.command("chakra")
+@click.argument("path", metavar="TRACE", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "prefix", required=True, metavar="PREFIX",
+              help="Write PREFIX.0.et, PREFIX.1.et, ...: one Chakra execution trace per rank.")
+@_system_options
+@reports_errors
+def trace_export_chakra(path, prefix, system, overrides):
+    """Export TRACE as Chakra execution traces, one file per rank (needs cmemu[chakra])."""
+    from cmemu.importers import export_chakra
+
+    for line in export_chakra(path, prefix, system, overrides):
+        click.echo(line)
 
 
 @trace.group("gen")

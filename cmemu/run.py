@@ -419,6 +419,7 @@ class RunResult:
     fabric_packets: int = 0
     fabric_bytes: int = 0
     fabric_model: str = "packet"  # cmemu.lower.fabric.FABRIC_MODELS: how messages moved
+    retime: object = None  # cmemu.lower.retime.RetimeReport of a run with retime=True
 
     @property
     def sim_end_ps(self) -> int:
@@ -624,6 +625,7 @@ def run_trace(
     fail=(),
     pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
     fabric_model: str = DEFAULT_FABRIC,
+    retime: bool = False,
 ) -> RunResult:
     """Replay a trace file; write the HDF5 timeline to ``output`` when it is given.
 
@@ -635,11 +637,14 @@ def run_trace(
     ``max_memory_bytes`` (default: ``default_memory_limit()``) bounds the run: a run whose
     estimate (``estimate_memory``) is above it fails with MemoryLimitError before it starts.
 
+    ``retime``: COMP nodes with both a measured time and a shape are timed by the die model
+    (cmemu.lower.retime); the result's ``retime`` reports how the two compare.
+
     While it runs, numpy's arrays have ordinary pages (``small_pages``).
     """
     with small_pages():
         return _run_trace(trace_path, system, overrides, output, native, progress, max_memory_bytes, compression,
-                          detail, link_bin_ns, spec, fail, pipe_intervals, fabric_model)
+                          detail, link_bin_ns, spec, fail, pipe_intervals, fabric_model, retime)
 
 
 @contextmanager
@@ -677,12 +682,13 @@ class PreparedRun:
     limit_bytes: int
     bin_ps: int
     failed_parts: str  # where the failed parts come from, for errors during the run
+    retime: object = None  # cmemu.lower.retime.RetimeReport, with retime=True
 
 
 def prepare_run(trace_path, system: str | None = None, overrides=(), native: bool = True,
                 max_memory_bytes: int | None = None, detail: str = DEFAULT_DETAIL, link_bin_ns: float = DEFAULT_LINK_BIN_NS,
                 spec: SystemSpec | None = None, fail=(), pipe_intervals: int = DEFAULT_PIPE_INTERVALS,
-                fabric_model: str = DEFAULT_FABRIC) -> PreparedRun:
+                fabric_model: str = DEFAULT_FABRIC, retime: bool = False) -> PreparedRun:
     """Everything ``run_trace`` checks and builds before simulating, for ``cmemu run`` and
     ``cmemu trace validate`` alike: the options, the memory the file takes to read, the trace
     (with the system's checks of each node: cores, op sizes, MoE routing), the run's memory
@@ -708,6 +714,11 @@ def prepare_run(trace_path, system: str | None = None, overrides=(), native: boo
     topo = build_topology(spec)
     trace = load_trace(trace_path, num_ranks=spec.dies, read=read, node_check=node_checker(spec, groups, limit))
     del read, groups  # the parsed document: the checked nodes hold all the run needs
+    report = None
+    if retime:
+        from cmemu.lower.retime import retime_trace
+
+        trace, report = retime_trace(trace, spec.die, str(trace_path))
     need = estimate_memory(trace, topo, native=native, pipe_intervals=pipe_intervals, detail=detail)
     check_packet_records(need, limit, str(trace_path))
     _check_need(need, limit, trace_path)
@@ -726,7 +737,7 @@ def prepare_run(trace_path, system: str | None = None, overrides=(), native: boo
     need = dataclasses.replace(need, series_rows=link_rows + die_rows + stack_rows,
                                series_bytes=series_bytes(link_rows, die_rows, stack_rows))
     _check_need(need, limit, trace_path, bin_ps)
-    return PreparedRun(spec, topo, trace, lowered, fabric, need, limit, bin_ps, failed_parts)
+    return PreparedRun(spec, topo, trace, lowered, fabric, need, limit, bin_ps, failed_parts, report)
 
 
 def _check_need(need: MemoryEstimate, limit: int, trace_path, bin_ps: int = 0) -> None:
@@ -740,7 +751,7 @@ def _check_need(need: MemoryEstimate, limit: int, trace_path, bin_ps: int = 0) -
 
 
 def _run_trace(trace_path, system, overrides, output, native, progress, max_memory_bytes, compression, detail,
-               link_bin_ns, spec, fail, pipe_intervals, fabric_model) -> RunResult:
+               link_bin_ns, spec, fail, pipe_intervals, fabric_model, retime=False) -> RunResult:
     t0 = time.perf_counter()
     if output is not None:
         from cmemu.output.atomic import check_output
@@ -752,7 +763,8 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         # device file or link, or the trace itself.
         check_output(output, inputs=(trace_path,))
     prep = prepare_run(trace_path, system, overrides, native, max_memory_bytes, detail, link_bin_ns, spec, fail,
-                       pipe_intervals, fabric_model)
+                       pipe_intervals, fabric_model, retime)
+    retime_report = prep.retime
     spec, topo, trace, lowered, fabric, need = prep.spec, prep.topology, prep.trace, prep.lowered, prep.fabric, prep.need
     limit, bin_ps, record, failed_parts = prep.limit_bytes, prep.bin_ps, detail == "packets", prep.failed_parts
     del prep
@@ -795,6 +807,7 @@ def _run_trace(trace_path, system, overrides, output, native, progress, max_memo
         hbm_shared_ops=hbm_shared_ops,
         hbm_shared_demand=hbm_shared_demand,
         fabric_model=fabric_model,
+        retime=retime_report,
     )
     del engine  # with record_packets, its copy of the records
     check_invariants(full)

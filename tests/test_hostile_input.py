@@ -650,3 +650,14 @@ def test_scenario_sizes_beyond_a_trace_s_are_one_line(option, value):
     args = ["scenario", "run", "ub-p2p", "-s", "mini", "--a2a-dies", "2", "--sizes", "64", option, value]
     (line,) = one_line_error(invoke(*args))
     assert "size" in line, line
+
+
+@pytest.mark.parametrize("kind", ["MOE_DISPATCH", "MOE_COMBINE"])
+def test_a_moe_collective_of_no_tokens_runs(tmp_path, kind):
+    # A fused kernel whose AIVs have nothing to send: its loops are empty, and it still ends.
+    nodes = [{"id": i, "type": "COMM_COLL", "rank": i, "attrs": {
+        "comm_type": kind, "cmemu.group": "g", "cmemu.tokens": 0, "cmemu.top_k": 1, "cmemu.hidden": 1,
+        "cmemu.experts": 2}} for i in range(2)]
+    path = write_trace(tmp_path / "t.json", nodes, groups={"g": [0, 1]})
+    r = invoke("run", path, "-q", "-o", tmp_path / "o.h5")
+    assert r.exit_code == 0, r.output

@@ -234,7 +234,8 @@ def _segment_plan(seg, remote, own, local_cost, n_seg):
     last_r = np.full(n_seg, -1, dtype=np.int64)
     np.maximum.at(last_r, seg[ri], ri)
     has = last_r >= 0
-    tail = np.where(has, csum[seg_hi] - csum[np.maximum(last_r, 0) + 1], csum[seg_hi] - csum[seg_lo])
+    after_last = np.minimum(np.maximum(last_r, 0) + 1, n)  # (a loop without a remote item: unused)
+    tail = np.where(has, csum[seg_hi] - csum[after_last], csum[seg_hi] - csum[seg_lo])
     return prep.astype(np.int64), has, tail.astype(np.int64)
 
 

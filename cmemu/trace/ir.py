@@ -1104,12 +1104,13 @@ def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
 
 
 def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
-    """A COMP with cmemu.op: its shape, and nothing that gives its time or work another way."""
+    """A COMP with cmemu.op: its shape, and nothing that gives its work another way. A
+    ``cmemu.duration_ns`` beside it is the op's measured time (an imported profile): replayed as
+    given, and ``cmemu run --retime`` times the op by its shape instead."""
     unit, required, optional = COMP_OPS[op]
-    for key in ("cmemu.duration_ns", "num_ops", "tensor_size"):
+    for key in ("num_ops", "tensor_size"):
         if key in raw:
-            err(i, f"{pre}not with cmemu.op: the operator's time, work and traffic come from "
-                "its shape", label, key)
+            err(i, f"{pre}not with cmemu.op: the operator's work and traffic come from its shape", label, key)
     for key in required:
         if key not in raw:
             err(i, f"{pre}missing: cmemu.op \"{op}\" needs attrs.{key}", label, key)
