@@ -25,6 +25,7 @@ setup(
     package_data={
         "cmemu.spec": ["presets/*.toml"],
         "cmemu.trace": ["schema/*.json"],
+        "cmemu._core": ["*.pxd"],  # the engine's codes (vocab.pxd), for a build from the sources
         "cmemu.models": ["configs/*.json", "configs/*.toml"],
     },
     ext_modules=cythonize(

@@ -1,6 +1,6 @@
 """Die-model benchmarks: evaluating an op's tile schedule after compilation.
 
-DESIGN.md / issue 4 budget: <= 50 ms each to evaluate the schedule of a 7168 x 4096 x 4096
+Budget: <= 50 ms each to evaluate the schedule of a 7168 x 4096 x 4096
 grouped INT8 GEMM (4 groups) and of an MLA decode op for 96 tokens x 4096 KV positions. Absolute
 times are printed, never gated (the machine is shared); the gates are ratios measured in the same
 run: the Numba kernels against their pure-Python references on the same schedule. The cost of a

@@ -1,7 +1,7 @@
 """Event-kernel benchmarks. Gates are ratios measured in the same run (native kernel vs the
 pure-Python reference on the same workload), never absolute times: the machines are noisy.
 
-DESIGN.md budget: >= 4 M events/s with 10 K events pending, and >= 20x the reference.
+docs/architecture.md budget: >= 4 M events/s with 10 K events pending, and >= 20x the reference.
 """
 import time
 

@@ -13,16 +13,17 @@ import numpy as np
 
 from cmemu._core import make_engine
 from cmemu._core.synthetic import traffic_workload
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 
 EP = 320
 TOKENS_PER_DIE = 96
 TOP_K = 8
-DISPATCH_BYTES_PER_TOKEN = 7680  # SPEC.md 2.5: 7,168 B INT8 + scale, padded to 7.5 KB
+DISPATCH_BYTES_PER_TOKEN = 7680  # docs/machine.md 2.5: 7,168 B INT8 + scale, padded to 7.5 KB
 MAX_COST_RATIO = 8.0
 
 

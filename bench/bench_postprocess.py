@@ -1,7 +1,7 @@
 """The stage after the simulation of the DeepSeek-R1 decode step: the run's results built
 (run.trace_result: the HBM series, the /tasks rows, the MoE pairs) and the HDF5 timeline written.
 
-Budget (DESIGN.md, "Performance budget"): the whole 61-layer step in <= 60 s, of which this stage
+Budget (docs/architecture.md, "Performance budget"): the whole 61-layer step in <= 60 s, of which this stage
 was 27 s; its share is POST_BUDGET_S. Measured on the step cut to 4 and to 5 layers (`--fabric
 message`), which differ by one MoE layer, from the check after the engine is released to the
 file written; the 61-layer figure is extrapolated from them (3 dense + 58 MoE layers + MTP).

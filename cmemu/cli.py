@@ -13,6 +13,7 @@ from cmemu.errors import CmemuError
 from cmemu.generators import GENERATORS
 from cmemu.options import DEFAULT_SYSTEM, RUN_OPTIONS
 
+
 def _system_options(fn):
     fn = click.option(
         "--set",
@@ -65,10 +66,10 @@ def run(trace, output, system, overrides, engine, quiet, max_memory, compression
         return
     L = r.lowered
     by_type = {}
-    from cmemu.lower import OP_TYPES
+    from cmemu.vocab import NODE_TYPES
 
     for code in L.op_type:
-        by_type[OP_TYPES[code]] = by_type.get(OP_TYPES[code], 0) + 1
+        by_type[NODE_TYPES[code]] = by_type.get(NODE_TYPES[code], 0) + 1
     types = ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items()))
     rate = r.events / r.wall_time_s if r.wall_time_s > 0 else float("inf")
     click.echo(f"cmemu run {trace} on {r.spec.name} ({r.spec.dies} dies)")

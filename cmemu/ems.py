@@ -1,6 +1,6 @@
 """EMS (Elastic Memory Service): a KV-cache block pool over the DRAM of a set of CPU sockets.
 
-SPEC.md 2.6: blocks of ``ems.block_tokens`` tokens keyed by the hash of their prefix, placed on a
+docs/machine.md 2.6: blocks of ``ems.block_tokens`` tokens keyed by the hash of their prefix, placed on a
 socket by consistent hashing (each socket owns ``vnodes`` points of a hash ring; a block goes to
 the first point at or after its key's hash), kept in LRU order per socket up to its DRAM share,
 and evicted least recently used to an SSD tier. ``get`` reports where a block is: in DRAM (a hit:

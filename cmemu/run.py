@@ -18,12 +18,19 @@ import numpy as np
 from cmemu._core import make_engine
 from cmemu.errors import CmemuError, DieFailedError, SimulationError, UnroutableError
 from cmemu.faults import parse_failures
-from cmemu.lower import OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND, OP_TYPES, Lowered, lower
+from cmemu.lower import Lowered, lower
 from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
-from cmemu.options import DEFAULT_COMPRESSION, DEFAULT_DETAIL, DEFAULT_FABRIC, DEFAULT_LINK_BIN_NS, DEFAULT_PIPE_INTERVALS
+from cmemu.options import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_DETAIL,
+    DEFAULT_FABRIC,
+    DEFAULT_LINK_BIN_NS,
+    DEFAULT_PIPE_INTERVALS,
+)
 from cmemu.spec import DEFAULT_SYSTEM, SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
 from cmemu.units import default_memory_limit, format_bytes, ns_to_ps
+from cmemu.vocab import NODE_TYPES, OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND
 
 # /tasks: the most rows the die model's busy intervals (DEFAULT_PIPE_INTERVALS per COMP op and pipe)
 # may take in all (about 33 B each; the limit per op is halved until they fit).
@@ -144,8 +151,10 @@ def _intervals_of(die, attrs: dict, pipe_intervals: int) -> int:
     generic_cost), one interval per pipe each at most."""
     if "cmemu.op" in attrs:
         return int(pipe_intervals)
-    aic = attrs.get("cmemu.unit", "aic") == "aic"
-    cores = max(1, int(attrs.get("cmemu.cores", die.aic_cores if aic else die.aiv_cores)))
+    from cmemu.die.ops import unit_cores
+
+    unit, cores, _total = unit_cores(die, attrs)
+    aic, cores = unit == "aic", max(1, int(cores))
     half = ((die.l1_buffer_kib if aic else die.ub_buffer_kib) << 10) // 2
     chunks = max(1, -(-(-(-int(attrs.get("tensor_size", 0)) // cores)) // half))
     return min(int(pipe_intervals), chunks)
@@ -162,8 +171,8 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     packet stand for them. With ``detail="packets"`` the engine also keeps a record of every
     packet on every link it crosses (PACKET_RECORD_LINKS per packet, PACKET_RECORD_BYTES each).
     """
-    from cmemu.workload.moe import moe_routing_bytes
     from cmemu.lower.collectives import ub_chunk_byte
+    from cmemu.workload.moe import moe_routing_bytes
 
     spec = topo.spec
     ops = len(trace.nodes)
@@ -365,7 +374,7 @@ def _longest_op(L: Lowered, nodes=None) -> str:
     own = L.op_dur_ps[:nt].astype(np.float64) + L.op_lat_ps[:nt]
     moved = L.op_bytes[:nt].astype(np.float64)
     i = int(np.argmax(np.maximum(own, moved)))
-    kind = OP_TYPES[L.op_type[i]]
+    kind = NODE_TYPES[L.op_type[i]]
     field = {"COMP": "cmemu.duration_ns", "MEM_LOAD": "tensor_size", "MEM_STORE": "tensor_size"}.get(kind, "comm_size")
     if kind == "COMP" and nodes is not None and "cmemu.duration_ns" not in nodes[i].attrs:
         field = "cmemu.op" if "cmemu.op" in nodes[i].attrs else "num_ops"
@@ -555,7 +564,7 @@ def _op_label(lowered: Lowered, i: int) -> str:
         parent = int(lowered.op_parent[i])
         return f"an internal op of {_op_label(lowered, parent)}" if parent >= 0 else f"internal op {i}"
     return (f"node {lowered.op_node_id[i]} '{lowered.op_name[i]}' "
-            f"({OP_TYPES[lowered.op_type[i]]}, rank {lowered.op_rank[i]}, stream {lowered.op_stream[i]})")
+            f"({NODE_TYPES[lowered.op_type[i]]}, rank {lowered.op_rank[i]}, stream {lowered.op_stream[i]})")
 
 
 def check_failed_dies(lowered: Lowered, failures, origin=None) -> None:
@@ -1007,7 +1016,7 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
 def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
                         max_rows: int | None = None, lead: int = 0) -> tuple[dict, int]:
     """The die model's pipe busy intervals of every COMP op it timed, as /tasks rows (pipe codes
-    of ``output.schema.PIPE_CODE``, times in ps, bytes 0), and the intervals per op and pipe
+    of ``cmemu.vocab.PIPE_CODE``, times in ps, bytes 0), and the intervals per op and pipe
     they were merged to (``cmemu.die.intervals.op_pipe_intervals``). The first ``lead`` rows are
     left for the caller to fill (bytes 0, the other columns unset).
 
@@ -1018,7 +1027,7 @@ def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
 
     from cmemu.die.intervals import op_pipe_intervals, op_rows
     from cmemu.die.ops import node_cost
-    from cmemu.output.schema import PIPE_CODE
+    from cmemu.vocab import PIPE_CODE
 
     n_max = DEFAULT_PIPE_INTERVALS if max_intervals is None else int(max_intervals)
     if n_max < 1:
@@ -1123,7 +1132,7 @@ def packet_rows(full: RunResult, keep: np.ndarray) -> dict:
     /packets rows: ``msg`` becomes the row in /messages (-1 for a message a collective made
     inside itself, which /messages does not list) and ``op`` the row in /ops of the trace op
     that moved it (the send of a write, the receive of a read, or the collective)."""
-    from cmemu.lower.fabric import MSG_WRITE
+    from cmemu.vocab import MSG_WRITE
 
     L = full.lowered
     L.fill_messages()
@@ -1224,7 +1233,7 @@ def _trace_result_rest(full: RunResult, pipe_intervals: int | None) -> dict:
 
 
 def check_invariants(result: RunResult) -> None:
-    """DESIGN.md's invariants that hold after a run: dependencies respected, bytes conserved."""
+    """the invariants of docs/architecture.md that hold after a run: dependencies respected, bytes conserved."""
     from cmemu.lower.passes import early_successor
 
     L = result.lowered

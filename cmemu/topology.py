@@ -5,14 +5,17 @@ sub-plane), then L2 chips (sub-plane-major), then the single RDMA switch. Links 
 a cable of rate R per direction is two links. Each link has an integer rate in bytes per second
 and an integer latency in picoseconds (wire, plus switch traversal when it leaves a switch).
 
-Wiring (SPEC.md 2.4): each die and CPU has one port to the L1 chip of each sub-plane of its node;
+Wiring (docs/machine.md 2.4): each die and CPU has one port to the L1 chip of each sub-plane of its node;
 uplink k of the L1 chip of (node n, plane p) goes to L2 chip (n * uplinks + k) mod C of plane p,
 so every L1 reaches every L2 chip of its plane and the L2 ports fill evenly; the two dies of an
 NPU share a die-to-die link; every die has a port into the RDMA plane, modelled as one
 non-blocking switch.
 
-Routes: die <-> twin die over die-to-die; within a node, up to the L1 chip of a sub-plane and
-down; between nodes L1 -> L2 -> L1; over RDMA, die -> RDMA switch -> die.
+Routes (taken hop by hop by the engine, ``route_link`` in cmemu/_core; tests/test_routes.py
+checks every one on ``mini``): die <-> twin die over die-to-die; within a node, up to the L1 chip
+of a sub-plane and down; between nodes L1 -> L2 -> L1; over RDMA, die -> RDMA switch -> die; over
+VPC, endpoint -> DPU -> endpoint within a node, endpoint -> DPU -> VPC switch -> DPU -> endpoint
+between nodes.
 
 The VPC plane: every die and CPU has a link to its node's DPU (a Qingtian card), and each DPU one
 400 Gb/s port into the VPC network, modelled as one switch. The packet engine computes routes
@@ -130,39 +133,14 @@ class Topology:
     def twin_die(self, die: int) -> int:
         return die ^ 1 if self.spec.dies_per_npu == 2 else -1
 
-    # -- routing ---------------------------------------------------------------------------
-    def ub_route(self, src: int, dst: int, plane: int, uplink: int) -> list[int]:
-        """Links of a UB path from endpoint src to endpoint dst on one sub-plane.
-
-        ``uplink`` picks which of the source L1 chip's uplinks (and so which L2 chip) carries
-        inter-node traffic; it is ignored within a node.
-        """
-        if src == dst:
-            raise ValueError(f"route from endpoint {src} to itself")
-        ns, nd = self.endpoint_node(src), self.endpoint_node(dst)
-        if ns == nd:
-            return [int(self.ep_up[src, plane]), int(self.ep_down[dst, plane])]
-        uplink %= self.spec.ub.l1_uplinks_per_chip
-        chip = int(self.l1_uplink_chip[ns, plane, uplink])
-        count = int(self.l2_down_count[plane, chip, nd])
-        down = int(self.l2_down[plane, chip, nd, (uplink // self.spec.ub.l2_chips_per_sub_plane) % count])
-        return [
-            int(self.ep_up[src, plane]),
-            int(self.l1_uplink[ns, plane, uplink]),
-            down,
-            int(self.ep_down[dst, plane]),
-        ]
-
-    def is_twin(self, a: int, b: int) -> bool:
-        return a < self.spec.dies and b < self.spec.dies and self.twin_die(a) == b
-
-    def rdma_route(self, src_die: int, dst_die: int) -> list[int]:
-        return [int(self.rdma_up[src_die]), int(self.rdma_down[dst_die])]
-
-    def vpc_route(self, src: int, dst: int) -> list[int]:
-        """Over the VPC plane: endpoint -> its node's DPU -> VPC switch -> DPU -> endpoint."""
-        return [int(self.vpc_host_up[src]), int(self.vpc_dpu_up[self.endpoint_node(src)]),
-                int(self.vpc_dpu_down[self.endpoint_node(dst)]), int(self.vpc_host_down[dst])]
+    def is_twin(self, a, b):
+        """Whether endpoints a and b (ints, or arrays of them) are the two dies of one NPU, which
+        their die-to-die link joins."""
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        if self.spec.dies_per_npu != 2:
+            return np.zeros(np.broadcast_shapes(a.shape, b.shape), dtype=bool)
+        dies = self.spec.dies
+        return (a < dies) & (b < dies) & ((a ^ 1) == b)
 
     # -- figures for `cmemu topo` ----------------------------------------------------------
     @cached_property

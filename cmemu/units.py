@@ -1,8 +1,14 @@
 """Unit conversions shared by every layer (the core keeps time in integer picoseconds), and memory
-sizes: parsed (decimal and binary units), formatted, and the default limit of a run."""
+sizes: parsed (decimal and binary units), formatted, and the default limit of a run; and message
+sizes as scenarios take them (64, 4K, 1M: powers of 1024, as message sizes are given).
+
+Two conventions, on purpose: a memory size is what ``free`` and cgroups print (GB = 10**9, GiB =
+2**30), a message size what the paper's tables use (4K = 4096 bytes)."""
 from __future__ import annotations
 
 import os
+
+from cmemu.errors import CmemuError
 
 
 def ns_to_ps(value_ns: int | float) -> int:
@@ -54,3 +60,25 @@ def format_bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:,.1f} {unit}"
     return f"{int(n)} B"
+
+
+_SIZE_SUFFIX = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+                "G": 2**30, "GB": 2**30, "GIB": 2**30}
+
+
+MAX_SIZE_BYTE = 2**53  # as a trace's sizes (cmemu.trace.ir.MAX_INT): exact in a double, and in an int64
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Byte sizes from ``64,512,4K,1M`` (K, M, G are powers of 1024 here, as message sizes are)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        num = part.rstrip("kKmMgGiIbB")
+        suffix = part[len(num):].upper()
+        if not (num.isascii() and num.isdigit()) or suffix not in _SIZE_SUFFIX or int(num) * _SIZE_SUFFIX[suffix] <= 0:
+            raise CmemuError(f"'{part[:40]}' is not a size in bytes (e.g. 64, 4K, 1M)")
+        if int(num) * _SIZE_SUFFIX[suffix] > MAX_SIZE_BYTE:
+            raise CmemuError(f"'{part[:40]}' is more than 2**53 bytes, the largest size a trace holds")
+        out.append(int(num) * _SIZE_SUFFIX[suffix])
+    return out

@@ -48,3 +48,37 @@ def pytest_addoption(parser):
 @pytest.fixture
 def update_goldens(request):
     return request.config.getoption("--update-goldens")
+
+
+# The test layers (docs/architecture.md, "Tests"), as pytest markers: `pytest -m "rules or die"`
+# runs the rules of each mechanism and the die model alone. Every test file is in one layer
+# (tests/test_layers.py checks it).
+TEST_LAYERS = {
+    "rules": ("test_fabric", "test_message_fabric", "test_aiv_initiator", "test_collectives", "test_moe_kernels",
+              "test_hbm_sharing", "test_ems", "test_faults", "test_routes", "test_topology", "test_spec",
+              "test_vocab", "test_layers"),
+    "die": ("test_die_hbm", "test_die_ops", "test_die_pipeline", "test_gqa_attention", "test_mla_decode_schedule"),
+    "frontend": ("test_trace_load", "test_trace_graph", "test_frontend_shortcuts", "test_lowering_blocks",
+                 "test_deepseek", "test_prefill", "test_models", "test_import_ascend", "test_import_chakra"),
+    "equivalence": ("test_engine", "test_binning", "test_postprocess", "test_hbm_series_groups", "test_property",
+                    "test_message_fabric_mixed_traffic"),
+    "paper": ("test_deepep_normal_table", "test_gemm_table10", "test_ub_table1"),
+    "system": ("test_run", "test_memory", "test_scenarios", "test_sweep", "test_interrupt", "test_hostile_input", "test_robustness",
+               "test_output_safety"),
+    "output": ("test_timeline", "test_perfetto", "test_report", "test_report_hbm", "test_packets",
+               "test_pipe_intervals", "test_writer_chunks"),
+    "golden": ("test_golden",),
+}
+LAYER_OF_TEST = {name: layer for layer, names in TEST_LAYERS.items() for name in names}
+
+
+def pytest_configure(config):
+    for layer in TEST_LAYERS:
+        config.addinivalue_line("markers", f"{layer}: the {layer} layer of the tests (tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        layer = LAYER_OF_TEST.get(item.path.stem)
+        if layer is not None:
+            item.add_marker(getattr(pytest.mark, layer))

@@ -5,12 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import FLOW_BASE, MessageTable
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, aiv_initiator, build_fabric
+from cmemu.lower.fabric import aiv_initiator, build_fabric
 from cmemu.run import simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, MSG_WRITE, OP_KIND_RECV, OP_KIND_SEND
 
 
 @pytest.fixture(scope="module")

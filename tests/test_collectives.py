@@ -1,4 +1,4 @@
-"""COMM_COLL lowering: MoE dispatch/combine and collectives (issue 5)."""
+"""COMM_COLL lowering: MoE dispatch/combine and collectives."""
 import json
 
 import numpy as np
@@ -40,7 +40,7 @@ def lowered_of(tmp_path, doc):
 
 
 def test_dispatch_payload_is_the_padded_int8_token():
-    # 7,168 B of INT8 + a 4 B scale, padded to 512 B: 7.5 KB (SPEC.md 2.5).
+    # 7,168 B of INT8 + a 4 B scale, padded to 512 B: 7.5 KB (docs/machine.md 2.5).
     assert dispatch_payload_byte(7168) == 7680
 
 

@@ -1,4 +1,4 @@
-"""DeepSeek-R1 decode trace generator and the decode scenario (issue 6)."""
+"""DeepSeek-R1 decode trace generator and the decode scenario."""
 import json
 
 import numpy as np
@@ -49,7 +49,7 @@ def test_dispatch_bytes_are_tokens_times_topk_times_payload(tmp_path):
     cfg = DecodeConfig(ep=4, tokens_per_die=8, layers=2, mtp=False, micro_batches=1)
     doc, r = _run(tmp_path, cfg)
     from cmemu.lower.moe import dispatch_write_byte
-    from cmemu.output.schema import PIPE_CODE
+    from cmemu.vocab import PIPE_CODE
 
     disp = [i for i, n in enumerate(r.lowered.op_name) if n.endswith(".dispatch")]
     t = r.tasks

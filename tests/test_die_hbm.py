@@ -1,5 +1,5 @@
 """The HBM model: DRAM timings by hand, refresh, turnaround, and bandwidth that never exceeds
-what the pins can carry (SPEC.md 2.3; timings of [DS3])."""
+what the pins can carry (docs/machine.md 2.3; timings of [DS3])."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st

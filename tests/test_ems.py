@@ -1,4 +1,4 @@
-"""EMS pool (issue 5): placement, hits and misses, LRU eviction; UB vs VPC bulk transfers."""
+"""EMS pool: placement, hits and misses, LRU eviction; UB vs VPC bulk transfers."""
 import pytest
 
 from cmemu.ems import EMSPool, prefix_keys

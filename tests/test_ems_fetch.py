@@ -8,14 +8,15 @@ import pytest
 from cmemu._core import make_engine
 from cmemu.ems import EMSPool, prefix_keys
 from cmemu.errors import CmemuError, TraceError
-from cmemu.lower import OP_KIND_RECV, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.scenarios import run_scenario
 from cmemu.scenarios.common import run_doc, trace_doc
 from cmemu.scenarios.prefill import prefill_metrics, run_prefill
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, OP_KIND_RECV
 from cmemu.trace.deepseek import PrefillConfig, prefill_trace
 from cmemu.trace.ems_fetch import KV_LATENT, add_ems_fetch, block_bytes, ems_reuse, prefill_step
 from cmemu.trace.kv_transfer import add_kv_transfer, sender_tp_rank

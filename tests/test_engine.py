@@ -98,7 +98,8 @@ def _grouped_workload(grouped: bool):
     """Die 0 writes 3 messages (to dies 2, 3, 4) and dies 2..4 each write one back to die 0.
     Grouped: one send op carries die 0's three writes and one receive op waits for the three
     replies; otherwise one send / receive op per message (the same traffic)."""
-    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+    from cmemu.lower import lowered_from_parts
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
     from cmemu.lower.comm import MessageTable
 
     topo = build_topology(load_system("mini"))
@@ -168,7 +169,8 @@ def test_packet_records_match_the_link_counters_and_the_reference():
 
 
 def _plane_workload(plane, messages, seed):
-    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+    from cmemu.lower import lowered_from_parts
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
     from cmemu.lower.comm import MessageTable
 
     topo = build_topology(load_system("mini"))
@@ -207,7 +209,8 @@ def test_a_failure_that_fails_nothing_changes_no_result(plane):
 def test_a_shared_fifo_switch_serves_packets_in_order_of_arrival(plane):
     # The RDMA switch and the DPUs keep one FIFO for all inputs. Die 2's 1-B write reaches the
     # switch before die 0's 4 KB one (still on the wire): it must not wait behind it.
-    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+    from cmemu.lower import lowered_from_parts
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
     from cmemu.lower.comm import MessageTable
 
     topo = build_topology(load_system("mini"))
@@ -237,7 +240,8 @@ def test_a_link_failing_as_a_packet_arrives_loses_it_as_without_queueing_ahead(d
     import dataclasses
 
     from cmemu.faults import parse_failures
-    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+    from cmemu.lower import lowered_from_parts
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
     from cmemu.lower.comm import MessageTable
 
     topo = build_topology(load_system("mini"))

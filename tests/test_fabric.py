@@ -1,17 +1,18 @@
-"""The UB packet model: transactions by hand, credits, spraying, conservation (issue 3)."""
+"""The UB packet model: transactions by hand, credits, spraying, conservation."""
 import math
 
 import numpy as np
 import pytest
 
 from cmemu.errors import SpecError
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_ATOMIC, MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.ub_p2p import all_to_all, bandwidth_byte_per_s, latency_ps
 from cmemu.spec import load_system
 from cmemu.topology import L_L1_UP, build_topology
+from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE, OP_KIND_RECV, OP_KIND_SEND
 
 
 def fabric_for(*overrides):

@@ -1,4 +1,4 @@
-"""Failed parts (issue 8, static failures): routes avoid them; what cannot run says why."""
+"""Failed parts (from the start of a run): routes avoid them; what cannot run says why."""
 import json
 
 import numpy as np

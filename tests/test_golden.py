@@ -19,11 +19,10 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-from cmemu.cli import main
-
 from conftest import REPO, TRACES
 from test_scenarios import SMALL
+
+from cmemu.cli import main
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 WALL_TIME_ATTRS = {"wall_time_s"}
@@ -34,6 +33,9 @@ RUNS = [(f"{Path(t).stem}-{fabric}", t, ("--fabric", fabric)) for t in SHIPPED_T
 RUNS += [("pingpong-reference", "examples/pingpong.json", ("--engine", "reference")),
          ("pingpong-packets-packet", "examples/pingpong.json", ("--detail", "packets")),
          ("pingpong-packets-message", "examples/pingpong.json", ("--detail", "packets", "--fabric", "message"))]
+# Beyond the small options: a decode step whose communication is exposed (it is not at the small ones).
+MORE_SCENARIOS = {"decode-ep8-mb12": ["decode", "-s", "mini", "--ep", "8", "--tokens-per-die", "32", "--layers", "2",
+                                      "--micro-batches", "1,2"]}
 REPORTED = ("mini_moe_layer-packet", "deepseek_r1_decode_mini_2layers-packet",
             "deepseek_r1_decode_mini_2layers-message")
 
@@ -136,6 +138,11 @@ def test_report_json_matches_golden(name, timelines, update_goldens):
 def test_scenario_json_matches_golden(name, update_goldens):
     _check(f"scenario-{name}", json.loads(_invoke("scenario", "run", name, *SMALL[name], "--json")),
            update_goldens)
+
+
+@pytest.mark.parametrize("name", sorted(MORE_SCENARIOS))
+def test_more_scenario_json_matches_golden(name, update_goldens):
+    _check(f"scenario-{name}", json.loads(_invoke("scenario", "run", *MORE_SCENARIOS[name], "--json")), update_goldens)
 
 
 def test_sweep_point_keys_match_golden(update_goldens):

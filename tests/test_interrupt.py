@@ -1,4 +1,4 @@
-"""Interrupted commands (DESIGN.md, "Bad input"): Ctrl-C stops `cmemu run` with one line and exit
+"""Interrupted commands (docs/architecture.md, "Bad input"): Ctrl-C stops `cmemu run` with one line and exit
 status 130, SIGTERM (kill, timeout, batch schedulers) with one line and 143, and neither leaves a
 file at the output path or a temporary file; SIGKILL leaves at most the hidden temporary file
 beside the target. The same holds for `export perfetto`, `trace gen` and `report --plots` (whose

@@ -8,12 +8,13 @@ import pytest
 
 from cmemu._core import merge_link_series
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.run import run_trace, simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, OP_KIND_RECV, OP_KIND_SEND
 
 ONE_PLANE = ["ub.sub_planes=1", "ub.die_ports=1", "ub.cpu_ports=1"]
 
@@ -249,7 +250,7 @@ def test_receive_of_many_writes_ends_at_the_last(mini, native, model, gate):
     starts before they land, between them (a COMP before it ends midway between the first and
     last delivery: those already in count with their times), or after them all. Only the first
     delivery time is kept when asked (record_deliveries=1), and the run is the same."""
-    from cmemu.lower import OP_KIND_COMP
+    from cmemu.vocab import OP_KIND_COMP
 
     kinds = [OP_KIND_SEND] * 3 + [OP_KIND_RECV, OP_KIND_COMP]
     fabric = build_fabric(mini, model=model)

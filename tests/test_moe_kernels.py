@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 
 from cmemu.lower import lower
-from cmemu.workload.moe import moe_experts
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, aiv_initiator, build_fabric
+from cmemu.lower.fabric import aiv_initiator, build_fabric
 from cmemu.lower.moe import PHASE, dispatch_write_byte, split_to_cores, steps_of
 from cmemu.run import simulate
 from cmemu.scenarios.moe_comm import kernel_steps, moe_rows
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 from cmemu.trace import load_trace
+from cmemu.vocab import MSG_READ, MSG_WRITE
+from cmemu.workload.moe import moe_experts
 
 HIDDEN = 7168
 
@@ -75,8 +76,9 @@ def test_an_aiv_write_loop_by_hand(tmp_path, topo):
     # One token to one expert on another die, one AIV: the core sets up, counts (nothing before
     # it), loads and quantises the token, then writes it; its send step ends when the write is
     # acknowledged. The write's round trip is measured alone on the same fabric.
-    from cmemu.lower import OP_KIND_SEND, lowered_from_parts
+    from cmemu.lower import lowered_from_parts
     from cmemu.lower.comm import MessageTable
+    from cmemu.vocab import OP_KIND_SEND
 
     ranks = [0, 2]
     seed = next(s for s in range(50) if moe_experts(1, 1, 2, 2, 0.0, s)[0, 0, 0] == 1)

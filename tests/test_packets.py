@@ -13,7 +13,7 @@ import pytest
 import cmemu.run as R
 from cmemu.errors import CmemuError
 from cmemu.output.reader import Timeline, TimelineError, open_timeline
-from cmemu.output.schema import PACKET_TYPE_NAMES
+from cmemu.vocab import PACKET_TYPE_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 PINGPONG = REPO / "traces" / "examples" / "pingpong.json"

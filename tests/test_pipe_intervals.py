@@ -12,7 +12,7 @@ from cmemu.die.kernels import vector_cost
 from cmemu.die.mla import mla_decode_cost
 from cmemu.die.model import DieModel
 from cmemu.die.pipeline import MAX_INTERVALS_PER_PIPE, merge_intervals
-from cmemu.output.schema import PIPE_CODE
+from cmemu.vocab import PIPE_CODE
 from cmemu.run import moe_pairs, pipe_interval_tasks, run_trace
 from cmemu.spec import load_system
 from conftest import TRACES

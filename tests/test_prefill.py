@@ -1,4 +1,4 @@
-"""DeepSeek-R1 prefill trace generator and the prefill scenario (issue 6)."""
+"""DeepSeek-R1 prefill trace generator and the prefill scenario."""
 import json
 
 import numpy as np
@@ -7,12 +7,12 @@ from click.testing import CliRunner
 
 from cmemu.cli import main
 from cmemu.errors import CmemuError
-from cmemu.workload.moe import moe_routing
-from cmemu.output.schema import PIPE_CODE
 from cmemu.scenarios.common import run_doc
 from cmemu.scenarios.prefill import layer_times_ps, prefill_metrics
 from cmemu.spec import load_system
 from cmemu.trace.deepseek import PrefillConfig, prefill_trace
+from cmemu.vocab import PIPE_CODE
+from cmemu.workload.moe import moe_routing
 
 # EP8 in two attention TP groups of 4 dies; 4 requests of 256 tokens, 2 micro-batches: one request
 # per group and micro-batch, 256 / 4 = 64 tokens per die in the sequence-parallel stages.
@@ -135,7 +135,7 @@ def test_reuse_skips_compute_and_fetches_kv(mini, small_run):
     assert max(d1) < min(d0)
 
 
-# DeepSeek-R1 MACs per token (SPEC.md 2.7): q_a 7168 -> 1536, kv_a 7168 -> 512 + 64, q_b 1536 ->
+# DeepSeek-R1 MACs per token (docs/machine.md 2.7): q_a 7168 -> 1536, kv_a 7168 -> 512 + 64, q_b 1536 ->
 # 128 x (128 + 64), kv_b 512 -> 128 x (128 + 128), o_proj 128 x 128 -> 7168.
 Q_A, KV_A, Q_B, KV_B, O = 7168 * 1536, 7168 * 576, 1536 * 128 * 192, 512 * 128 * 256, 128 * 128 * 7168
 

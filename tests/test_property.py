@@ -1,5 +1,6 @@
-"""Property-based tests: random valid traces on `mini` replay to the end and keep DESIGN.md's
-invariants; random dependency graphs either replay or are refused as cycles, never hang.
+"""Property-based tests: random valid traces on `mini` replay to the end and keep the run
+invariants (docs/architecture.md); random dependency graphs either replay or are refused as
+cycles, never hang.
 
 The invariants are checked here from the trace document itself (dependencies, stream order,
 message pairs), not from the lowering's arrays, so that a lowering bug cannot hide itself.
@@ -157,8 +158,8 @@ def check_link_bytes(r) -> None:
         return
     # Packet model: the engine cuts messages into packets and routes them hop by hop, so only
     # totals are known without replaying it: hops from the path kind, wire bytes from the format.
-    from cmemu.lower.fabric import (MSG_READ, PATH_D2D, PATH_RDMA, PKT_READ_REQ, PKT_READ_RESP,
-                                    PKT_WRITE, build_fabric)
+    from cmemu.lower.fabric import build_fabric
+    from cmemu.vocab import MSG_READ, PATH_D2D, PATH_RDMA, PKT_READ_REQ, PKT_READ_RESP, PKT_WRITE
 
     F = build_fabric(r.topology)
     total = hops_total = 0
@@ -186,7 +187,7 @@ def check_link_bytes(r) -> None:
 
 
 def check_invariants(doc, r) -> None:
-    """DESIGN.md's invariants, from the trace document and the run's results."""
+    """the invariants of docs/architecture.md, from the trace document and the run's results."""
     nodes = doc["nodes"]
     row = {int(nid): i for i, nid in enumerate(r.lowered.op_node_id)}
     assert len(row) == len(nodes)

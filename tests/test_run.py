@@ -182,7 +182,7 @@ def test_send_recv_deadlock_is_caught_before_the_run(tmp_path):
 def test_engine_names_blocked_ops_instead_of_hanging(native):
     # Lowered arrays that bypass validation: the only send depends on its own receive.
     from cmemu.lower import lowered_from_parts as _lowered
-    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
     from cmemu.lower.comm import MessageTable
     from cmemu.run import simulate
 

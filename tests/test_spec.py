@@ -30,7 +30,7 @@ def test_cloudmatrix384_matches_spec_md():
     assert (s.nodes, s.npus, s.dies, s.cpus) == (48, 384, 768, 192)
     assert s.ub.link_rate_byte_per_s == 28_000_000_000  # 224 Gb/s
     assert s.ub.die_ports * s.ub.link_rate_byte_per_s == 196_000_000_000  # 196 GB/s per die
-    # SPEC.md 2.1: 24 x 4096 x 2 x 1.8e9 = 353.9 TFLOPS bf16 per die.
+    # docs/machine.md 2.1: 24 x 4096 x 2 x 1.8e9 = 353.9 TFLOPS bf16 per die.
     assert s.die.cube_peak_flop_per_s_bf16 == pytest.approx(353.89e12, rel=1e-4)
     assert s.die.cube_peak_op_per_s_int8 == pytest.approx(2 * 353.89e12, rel=1e-4)
 

@@ -13,13 +13,13 @@ import pytest
 
 import cmemu
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_TYPES
 from cmemu.output import hdf5
 from cmemu.output.reader import Timeline, TimelineError, open_timeline
-from cmemu.output.schema import PIPE_CODE, PIPE_NAMES, TIMELINE_VERSION
+from cmemu.output.schema import TIMELINE_VERSION
 from cmemu.output.summary import busy_union_ps, exposed_comm_ps
 from cmemu.run import run_trace
 from cmemu.topology import LINK_KIND_NAMES
+from cmemu.vocab import NODE_TYPES, PIPE_CODE, PIPE_NAMES
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny_timeline_trace.json"
@@ -128,7 +128,7 @@ def test_round_trip_every_dataset(tiny, tiny_full):
     # The API returns the same values with names for enums.
     with open_timeline(tiny_full) as t:
         ops = t.ops()
-        assert list(ops["type"]) == [OP_TYPES[c] for c in L.op_type]
+        assert list(ops["type"]) == [NODE_TYPES[c] for c in L.op_type]
         assert list(ops["name"]) == L.op_name
         assert np.array_equal(ops["dur_ps"], r.op_end_ps - r.op_start_ps)
         tk = t.tasks()
@@ -245,7 +245,7 @@ def test_golden_tiny_timeline_by_hand(tiny_full):
     d = {k: _read(tiny_full, f"dies/{k}") for k in ("busy_ps", "any_busy_ps", "exposed_comm_ps", "bytes_sent",
                                                      "bytes_received", "hbm_read_bytes", "hbm_write_bytes",
                                                      "node", "npu", "die_in_npu")}
-    assert d["busy_ps"].shape == (32, len(OP_TYPES))
+    assert d["busy_ps"].shape == (32, len(NODE_TYPES))
     assert d["busy_ps"][0, COMP] == 1_000_000
     assert d["busy_ps"][2, COMP] == 500_000 + 250_000
     assert d["busy_ps"][3, COMP] == 100_000
@@ -430,7 +430,7 @@ def test_exposed_comm_by_hand():
     end = np.array([100, 50, 90, 30, 40, 60])
     assert exposed_comm_ps(rank, typ, start, end, 3).tolist() == [70, 25, 0]
     # A collective waits for other dies too: COMM_COLL [0, 50) on rank 2 with COMP [10, 20) -> 40.
-    coll = OP_TYPES.index("COMM_COLL")
+    coll = NODE_TYPES.index("COMM_COLL")
     got = exposed_comm_ps(np.array([2, 2]), np.array([coll, COMP]), np.array([0, 10]), np.array([50, 20]), 3)
     assert got.tolist() == [0, 0, 40]
 

@@ -1,4 +1,4 @@
-"""Trace IR v1: loading, defaults, and one test per class of bad input (DESIGN.md "Bad input").
+"""Trace IR v1: loading, defaults, and one test per class of bad input (docs/architecture.md, "Bad input").
 
 Each error test asserts the message names the node id and the field, as a user needs to fix it.
 """
@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from cmemu.errors import TraceError
 from cmemu.trace import (
-    NODE_TYPES,
     Node,
     check_trace,
     load_trace,
@@ -24,6 +23,7 @@ from cmemu.trace import (
     schema_path,
     stream_predecessors,
 )
+from cmemu.vocab import NODE_TYPES
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "traces" / "examples").glob("*.json"))

@@ -1,5 +1,5 @@
 """Calibrate the AIV remote-access path's unpublished parameters against the DeepEP-Ascend
-normal-mode table (SPEC.md 3), once.
+normal-mode table (docs/machine.md 3), once.
 
 Run: python tools/calibrate_aiv.py [--ep 8,16,32] [--check 64,128] [--system cloudmatrix384]
 
@@ -34,7 +34,7 @@ import time
 from cmemu.scenarios.moe_comm import moe_rows
 from cmemu.spec import load_system
 
-# [SKN] README, normal kernels with pure HCCS (SPEC.md 3): EP -> (dispatch, combine) GB/s.
+# [SKN] README, normal kernels with pure HCCS (docs/machine.md 3): EP -> (dispatch, combine) GB/s.
 TABLE = {8: (146, 125), 16: (107, 103), 32: (102, 95), 64: (81, 91), 128: (57, 81)}
 TOKENS, TOP_K, HIDDEN, EXPERTS = 4096, 8, 7168, 256
 WRITE, READ = "comm.aiv_remote_write_startup_ns", "comm.aiv_remote_read_startup_ns"

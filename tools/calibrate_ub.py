@@ -1,4 +1,4 @@
-"""Calibrate the UB model's unpublished parameters against [CM] v2 table 1 (SPEC.md 3), once.
+"""Calibrate the UB model's unpublished parameters against [CM] v2 table 1 (docs/machine.md 3), once.
 
 Run: python tools/calibrate_ub.py [--system cloudmatrix384]
 
@@ -19,12 +19,13 @@ import argparse
 
 import numpy as np
 
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.scenarios.ub_p2p import bandwidth_byte_per_s, endpoints, latency_ps
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, MSG_WRITE
 
-# [CM] v2 table 1 (SPEC.md 3): (path, op) -> (intra GB/s, inter GB/s, intra us, inter us).
+# [CM] v2 table 1 (docs/machine.md 3): (path, op) -> (intra GB/s, inter GB/s, intra us, inter us).
 TABLE1 = {
     ("NPU->NPU", "read"): (167, 164, 1.2, 1.9),
     ("NPU->NPU", "write"): (137, 135, 1.3, 2.1),

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
@@ -23,6 +23,7 @@ from cmemu.scenarios.common import trace_doc
 from cmemu.scenarios.moe_comm import moe_nodes, run_collectives
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 
 
 def _latency(L, e, first, n):

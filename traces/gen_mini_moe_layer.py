@@ -1,14 +1,14 @@
 """Generate traces/mini_moe_layer.json: one MoE layer of a decode step on the `mini` system.
 
 Every one of the 32 dies runs two micro-batches on two streams, in the spirit of the
-CloudMatrix-Infer decode of SPEC.md 2.8 (the real generator is issue 6; this is a small,
+CloudMatrix-Infer decode of docs/machine.md 2.8 (the real generator is issue 6; this is a small,
 hand-readable demo of every node type):
 
 - stream 0 (attention, 16 AIC): load the KV cache from HBM, MLA attention, output projection;
 - stream 1 (MoE, 8 AIC / 16 AIV): gate, dispatch to 8 expert dies, expert MLP, combine back,
   weighted sum. Micro-batch 1's attention overlaps micro-batch 0's MoE.
 
-Sizes (DeepSeek-R1, SPEC.md 2.7): 48 tokens per micro-batch per die, KV length 1024, 576 KV
+Sizes (DeepSeek-R1, docs/machine.md 2.7): 48 tokens per micro-batch per die, KV length 1024, 576 KV
 values per token (INT8: 1 B each), top-8 routing with 6 tokens to each destination, dispatch
 payload 7.5 KiB per token (INT8 + scale, padded), combine payload 14 KiB per token (BF16).
 

@@ -38,8 +38,8 @@ def op_message_lists(lowered):
     """
     import numpy as np
 
-    from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND
     from cmemu.lower.passes import message_lists
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 
     kind = lowered.op_kind
     ptr, idx = message_lists(kind, lowered.msg_send_op, lowered.msg_recv_op, OP_KIND_SEND, OP_KIND_RECV)
@@ -65,8 +65,8 @@ def hbm_sharing(lowered):
     """
     import numpy as np
 
-    from cmemu.lower import OP_KIND_COMP, OP_KIND_MEM
     from cmemu.lower.passes import hbm_demand
+    from cmemu.vocab import OP_KIND_COMP, OP_KIND_MEM
 
     dies = int(lowered.die_aic_cores.shape[0])
     cap = np.zeros(dies, dtype=np.int64)

@@ -58,28 +58,15 @@ cdef extern from *:
     int cm_ctz64(unsigned long long x) noexcept nogil
     void cm_prefetch(const void* p) noexcept nogil
 
-# Op kinds (must match cmemu.lower.OP_KIND_*).
-cdef enum:
-    K_COMP = 0
-    K_SEND = 1
-    K_RECV = 2
-    K_MEM = 3
+# The codes of op kinds, paths, packets, messages and load balancing: cmemu/vocab.py's.
+from cmemu._core.vocab cimport (
+    LB_HASH, LB_SPRAY, MSG_ATOMIC, MSG_READ, MSG_WRITE, OP_KIND_COMP, OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND,
+    PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC, PKT_ACK, PKT_READ_REQ, PKT_READ_RESP, PKT_WRITE,
+)
 
-# Must match cmemu.lower.fabric.
+# Virtual lanes per link (cmemu.lower.fabric.NUM_VLS; tests/test_vocab.py checks it).
 cdef enum:
     NUM_VLS = 2
-    PATH_UB = 0
-    PATH_D2D = 1
-    PATH_RDMA = 2
-    PATH_VPC = 3
-    PKT_WRITE = 0
-    PKT_READ_REQ = 1
-    PKT_READ_RESP = 2
-    PKT_ACK = 3
-    MSG_WRITE = 0
-    MSG_READ = 1
-    MSG_ATOMIC = 2
-    LB_SPRAY = 0
 
 # Event types. Ties at equal time break by sequence number, not by type.
 cdef enum:
@@ -537,7 +524,7 @@ cdef class Engine:
             self.ops[i].succ_n = <int32_t>(succ_ptr[i + 1] - succ_ptr[i])
             self.ops[i].pending = npred[i]
             # A RECV counts its messages delivered before it starts in u (see deliver).
-            self.ops[i].u = 0 if kind[i] == K_RECV else res[i]
+            self.ops[i].u = 0 if kind[i] == OP_KIND_RECV else res[i]
             self.ops[i].qnext = -1
             self.ops[i].tmax = 0
             self.ops[i].hbm = 0
@@ -1084,6 +1071,18 @@ cdef class Engine:
         cdef int64_t raw = payload + self.path_header[path * 4 + ptype]
         return (raw + flit - 1) // flit * flit
 
+    def route(self, int path, int32_t s, int32_t d, int plane, int uplink) -> list:
+        """The links, hop by hop, of the path of a message of path kind ``path`` from endpoint s to
+        d on sub-plane ``plane`` and L1 uplink ``uplink``: route_link, as a run uses it (for tests)."""
+        cdef int hop = 0
+        cdef int32_t link = self.route_link(path, s, d, plane, uplink, 0)
+        out = []
+        while link >= 0:
+            out.append(link)
+            hop += 1
+            link = self.route_link(path, s, d, plane, uplink, hop)
+        return out
+
     cdef int32_t route_link(self, int path, int32_t s, int32_t d, int plane, int uplink, int hop) noexcept nogil:
         """The hop-th link from endpoint s to endpoint d, or -1 past the last one."""
         cdef int32_t ns, nd, chip, count, q
@@ -1559,7 +1558,7 @@ cdef class Engine:
     def packet_records(self):
         """Every transmission of a packet on a link, in the order they started (record_packets):
         start_ps, end_ps (its tail left the sender), msg, seq (packet of the message), link,
-        wire_bytes, ptype (fabric.PKT_*). Empty unless the engine was made with record_packets."""
+        wire_bytes, ptype (cmemu.vocab.PKT_*). Empty unless the engine was made with record_packets."""
         n = self.recs_len
         out = {"start_ps": np.empty(n, dtype=np.int64), "end_ps": np.empty(n, dtype=np.int64),
                "msg": np.empty(n, dtype=np.int32), "seq": np.empty(n, dtype=np.int32),
@@ -1771,19 +1770,19 @@ cdef class Engine:
         cdef OpInfo* o = &self.ops[op]
         cdef uint8_t kind = o.kind
         o.start = t
-        if kind == K_COMP:
+        if kind == OP_KIND_COMP:
             if o.hbm:
                 self.hbm_join(op)
             else:
                 self.push(t + o.dur, EV_OP_DONE, op)
-        elif kind == K_MEM and o.hbm:
+        elif kind == OP_KIND_MEM and o.hbm:
             self.hbm_join(op)  # it shares the die's HBM; it ends one access latency after
-        elif kind == K_MEM:
+        elif kind == OP_KIND_MEM:
             r = o.u
             start = t if t > self.res_free[r] else self.res_free[r]
             self.res_free[r] = start + o.dur
             self.push(start + o.dur + self.op_lat_ps[op], EV_OP_DONE, op)
-        elif kind == K_SEND:
+        elif kind == OP_KIND_SEND:
             # It waits for the acks of its writes; the holder of read data has nothing to do.
             for i in range(self.op_mptr[op], self.op_mptr[op + 1]):
                 if self.m_kind(self.op_midx[i]) == MSG_WRITE:
@@ -1796,7 +1795,7 @@ cdef class Engine:
                 msg = self.op_midx[i]
                 if self.m_kind(msg) == MSG_WRITE:
                     self.message_start(i)
-        else:  # K_RECV: it waits for every message not yet delivered (u of them were, by tmax)
+        else:  # OP_KIND_RECV: it waits for every message not yet delivered (u of them were, by tmax)
             if t > o.tmax:
                 o.tmax = t
             left = <int32_t>(self.op_mptr[op + 1] - self.op_mptr[op]) - o.u
@@ -1976,7 +1975,7 @@ cdef class Engine:
         if self.hr[h].next >= 0:
             self.hr[self.hr[h].next].prev = self.hr[h].prev
         self.hbm_change(d, -1)
-        if self.ops[op].kind == K_MEM:  # its data is moved; it ends one access latency later
+        if self.ops[op].kind == OP_KIND_MEM:  # its data is moved; it ends one access latency later
             self.push(self.now + self.op_lat_ps[op], EV_OP_DONE, op)
             return 0
         return self.on_op_done(op)
@@ -1992,7 +1991,7 @@ cdef class Engine:
         self.messages_delivered += 1
         if m < self.n_record and t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
-        if r >= 0 and self.ops[r].kind == K_RECV:
+        if r >= 0 and self.ops[r].kind == OP_KIND_RECV:
             o = &self.ops[r]
             if t > o.tmax:
                 o.tmax = t
@@ -2108,7 +2107,7 @@ cdef class Engine:
             r += shift
         if m < self.n_record and t > self.msg_delivered[m]:
             self.msg_delivered[m] = t
-        if r >= 0 and t > self.ops[r].tmax and self.ops[r].kind == K_RECV:
+        if r >= 0 and t > self.ops[r].tmax and self.ops[r].kind == OP_KIND_RECV:
             self.ops[r].tmax = t  # the latest of its messages' packets so far (deliver)
         if self.msg_left[m] == 1:
             self.deliver(m, t)
@@ -2599,14 +2598,14 @@ cdef class Engine:
 
     cdef inline void ack_back_op(self, int32_t op, int64_t t) noexcept nogil:
         """An ack of a write of send op ``op`` will be back at t: the op ends no earlier."""
-        if op >= 0 and self.ops[op].kind == K_SEND and t > self.ops[op].tmax:
+        if op >= 0 and self.ops[op].kind == OP_KIND_SEND and t > self.ops[op].tmax:
             self.ops[op].tmax = t
 
     cdef int acked_op(self, int32_t op) except -1:
         """A write's last ack is on its way (ack_back_op): its send op ``op`` ends when the last of
         its messages is acknowledged, at the latest ack. (Its window slots free by themselves:
         see collect_acks; an initiator with a full window has a wake-up at its first ack.)"""
-        if op < 0 or self.ops[op].kind != K_SEND:
+        if op < 0 or self.ops[op].kind != OP_KIND_SEND:
             return 0
         self.ops[op].u -= 1
         if self.ops[op].u == 0:
@@ -2739,3 +2738,18 @@ cdef class Engine:
     def credit_bytes(self):
         """Credits per link and virtual lane, now (for invariant checks)."""
         return np.asarray(self.credits).reshape(-1, NUM_VLS).copy()
+
+
+def engine_codes() -> dict:
+    """The engine's compiled codes and constants that Python defines too, by their Python names
+    (tests/test_vocab.py checks them against cmemu.vocab, cmemu.lower.fabric and cmemu.lower.comm)."""
+    return {
+        "OP_KIND_COMP": OP_KIND_COMP, "OP_KIND_SEND": OP_KIND_SEND, "OP_KIND_RECV": OP_KIND_RECV,
+        "OP_KIND_MEM": OP_KIND_MEM,
+        "PATH_UB": PATH_UB, "PATH_D2D": PATH_D2D, "PATH_RDMA": PATH_RDMA, "PATH_VPC": PATH_VPC,
+        "PKT_WRITE": PKT_WRITE, "PKT_READ_REQ": PKT_READ_REQ, "PKT_READ_RESP": PKT_READ_RESP, "PKT_ACK": PKT_ACK,
+        "MSG_WRITE": MSG_WRITE, "MSG_READ": MSG_READ, "MSG_ATOMIC": MSG_ATOMIC,
+        "LB_SPRAY": LB_SPRAY, "LB_HASH": LB_HASH,
+        "NUM_VLS": NUM_VLS, "AIV_MESSAGES_IN_FLIGHT": AIV_RING, "FLOW_AFTER_MASK": FLOW_AFTER_MASK,
+        "FLOW_BASE": FLOW_BASE, "PATH_HASH_MULT": PATH_HASH_MULT,
+    }

@@ -14,25 +14,25 @@ from cmemu.errors import DieFailedError, UnroutableError
 from cmemu._core import hbm_sharing, merge_link_series, op_message_lists
 
 from cmemu.lower.comm import FLOW_AFTER_MASK, FLOW_BASE
-from cmemu.lower.fabric import (
-    AIV_MESSAGES_IN_FLIGHT as AIV_RING,
+from cmemu.lower.fabric import AIV_MESSAGES_IN_FLIGHT as AIV_RING, NUM_VLS, path_hashes
+from cmemu.vocab import (
     LB_SPRAY,
     MSG_ATOMIC,
     MSG_READ,
     MSG_WRITE,
-    NUM_VLS,
+    OP_KIND_COMP,
+    OP_KIND_MEM,
+    OP_KIND_SEND,
     PATH_D2D,
     PATH_RDMA,
+    PATH_UB,
+    PATH_VPC,
     PKT_ACK,
     PKT_READ_REQ,
     PKT_READ_RESP,
     PKT_WRITE,
-    PATH_UB,
-    PATH_VPC,
-    path_hashes,
 )
 
-K_COMP, K_SEND, K_RECV, K_MEM = range(4)
 (EV_OP_READY, EV_OP_DONE, EV_LINK_FREE, EV_PKT_ARRIVE, EV_SINK_DONE, EV_RESP_INJECT, EV_WAKE, EV_FAIL,
  EV_RETRANSMIT, EV_HBM_DONE) = range(10)
 PS_PER_S = 10**12
@@ -250,6 +250,16 @@ class Engine:
         flit = self.path_flit[path]
         raw = payload + self.path_header[path * 4 + ptype]
         return -(-raw // flit) * flit
+
+    def route(self, path, s, d, plane, uplink) -> list:
+        """Engine.route: the links of a message's path, hop by hop (for tests)."""
+        out, hop = [], 0
+        link = self.route_link(path, s, d, plane, uplink, 0)
+        while link >= 0:
+            out.append(link)
+            hop += 1
+            link = self.route_link(path, s, d, plane, uplink, hop)
+        return out
 
     def route_link(self, path, s, d, plane, uplink, hop):
         if path == PATH_D2D:
@@ -541,19 +551,19 @@ class Engine:
         t = self.now
         kind = self.op_kind[op]
         self.op_start[op] = t
-        if kind == K_COMP:
+        if kind == OP_KIND_COMP:
             if self.op_rate[op] > 0:
                 self.hbm_join(op)
             else:
                 self.push(t + self.op_dur_ps[op], EV_OP_DONE, op)
-        elif kind == K_MEM and self.op_rate[op] > 0:
+        elif kind == OP_KIND_MEM and self.op_rate[op] > 0:
             self.hbm_join(op)
-        elif kind == K_MEM:
+        elif kind == OP_KIND_MEM:
             r = self.op_res[op]
             start = max(t, self.res_free[r])
             self.res_free[r] = start + self.op_dur_ps[op]
             self.push(start + self.op_dur_ps[op] + self.op_lat_ps[op], EV_OP_DONE, op)
-        elif kind == K_SEND:
+        elif kind == OP_KIND_SEND:
             msgs = self.op_msgs[op]
             left = sum(1 for m in msgs if self.msg_kind[m] == MSG_WRITE)
             self.op_left[op] = left
@@ -656,7 +666,7 @@ class Engine:
         self.hbm_sum[d] -= self.op_rate[op]
         self.hbm_running[d].remove(op)
         self.hbm_change(d, -1)
-        if self.op_kind[op] == K_MEM:
+        if self.op_kind[op] == OP_KIND_MEM:
             self.push(self.now + self.op_lat_ps[op], EV_OP_DONE, op)
             return
         self.on_op_done(op)
@@ -674,12 +684,12 @@ class Engine:
 
     def ack_back(self, m, t):
         op = self.msg_send_op[m]
-        if op >= 0 and self.op_kind[op] == K_SEND:
+        if op >= 0 and self.op_kind[op] == OP_KIND_SEND:
             self.op_tmax[op] = max(self.op_tmax[op], t)
 
     def acked(self, m):
         op = self.msg_send_op[m]
-        if op < 0 or self.op_kind[op] != K_SEND:
+        if op < 0 or self.op_kind[op] != OP_KIND_SEND:
             return
         self.op_left[op] -= 1
         if self.op_left[op] == 0:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cmemu.lower import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
+from cmemu.vocab import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 
 
 def hold_workload(chains: int, ops_per_chain: int, seed: int = 0) -> Lowered:

@@ -1,5 +1,5 @@
 """The die model: one Ascend 910C die as AIC/AIV pipes, on-chip buffers, an L2 cache and HBM
-stacks (SPEC.md 2.1-2.3). docs/model.md says what is modelled and what is left out.
+stacks (docs/machine.md 2.1-2.3). docs/model.md says what is modelled and what is left out.
 
 - ``model``: the DieSpec compiled to integers (``DieModel``) and the result type ``OpCost``;
 - ``pipeline``: pipes as in-order instruction queues (``run_program``, Numba + reference);

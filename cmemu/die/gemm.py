@@ -3,8 +3,8 @@
 C[g] = A[g] (M x K) @ B[g] (K x N) for g < groups; inputs bf16/fp16 or int8, output bf16
 (int8 accumulates in int32, bf16 in fp32: 4 B per element in L0C either way).
 
-Tiling, from the buffer capacities (SPEC.md 2.2), as CANN's matmul does it:
-- the output is cut into base tiles tile_m x tile_n (default 128 x 152, SPEC.md 3); base tiles
+Tiling, from the buffer capacities (docs/machine.md 2.2), as CANN's matmul does it:
+- the output is cut into base tiles tile_m x tile_n (default 128 x 152, docs/machine.md 3); base tiles
   go round-robin to the cores, wave after wave, in row-major order within each group;
 - the cube works on 16 x k x 16 fractals, so a tile's rows and columns are padded to 16 and its
   depth steps to the cube's k granule (16 bf16, 32 int8): padding costs cube cycles;

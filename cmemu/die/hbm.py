@@ -1,6 +1,6 @@
 """HBM of one die: stacks x channels x pseudo-channels, each with banks, rows and a data bus.
 
-Modelled (SPEC.md 2.3, timings of [DS3] in ns, bursts scaled to the pin rate): every pseudo-
+Modelled (docs/machine.md 2.3, timings of [DS3] in ns, bursts scaled to the pin rate): every pseudo-
 channel (PC) is an independent server with ``bank_groups x banks`` banks, an open-page row
 buffer per bank, and one data bus moving ``burst_length`` beats of ``width / 2`` bits per burst.
 Physical addresses interleave over the PCs in ``hbm_interleave_byte`` granules; inside a PC,

@@ -1,4 +1,4 @@
-"""The die's L2 cache (SPEC.md 2.1: 192 MiB, 512 B lines), as an LRU over the blocks a tile
+"""The die's L2 cache (docs/machine.md 2.1: 192 MiB, 512 B lines), as an LRU over the blocks a tile
 schedule reads (L1 chunks of A and B panels, KV blocks, ...).
 
 A schedule names what each MTE2 transfer reads by an object id and a size; the same id read again

@@ -25,7 +25,7 @@ the AIVs (the time of a full tile, as on the hardware), and only the KV position
 query block's last row are loaded. MACs count the useful work alone: per query row, its own
 position and those before it (the lower triangle, diagonal included), times heads x (192 + 128).
 
-Projections run as int8 GEMMs with bf16 output (SPEC.md 2.8: everything large is INT8); the
+Projections run as int8 GEMMs with bf16 output (docs/machine.md 2.8: everything large is INT8); the
 attention matmuls in the op's dtype (bf16 default). Left out: the KV cache write of the new
 token (decode attention's own omissions: ``cmemu.die.fia_mla``). In prefill each
 head's K carries the 64 rope values every head shares: they travel with that head's KV block,
@@ -50,7 +50,7 @@ from cmemu.workload.deepseek import HEADS, HIDDEN, KV_LORA, Q_LORA, QK_NOPE, QK_
 
 @dataclass(frozen=True)
 class MLAShape:
-    """DeepSeek-V3 attention dimensions [DSV3] (SPEC.md 2.7); traces may override them."""
+    """DeepSeek-V3 attention dimensions [DSV3] (docs/machine.md 2.7); traces may override them."""
 
     heads: int = HEADS
     hidden: int = HIDDEN

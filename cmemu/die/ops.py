@@ -11,14 +11,36 @@ from cmemu.die.gemm import gemm_cost
 from cmemu.die.kernels import VECTOR_OPS, generic_cost, vector_cost
 from cmemu.die.mla import MLAShape, mla_attention_cost, mla_decode_cost, mla_prefill_attention_cost, mla_prefill_cost
 from cmemu.die.model import DieModel, OpCost
-from cmemu.trace.ir import COMP_OPS
+from cmemu.vocab import CLUSTER_OPS, COMP_OPS
 
 OPS = tuple(COMP_OPS)
+AIV_PER_CLUSTER_AIC = 2  # an op of CLUSTER_OPS holds each AIC with its two AIVs (a 1 AIC + 2 AIV cluster)
 
 
 def op_unit(op: str) -> str:
     """The unit whose cores ``cmemu.cores`` counts for an op."""
     return COMP_OPS[op][0]
+
+
+def unit_cores(die, attrs: dict) -> tuple[str, int, int]:
+    """(unit, cores, total) of a COMP: the unit whose cores ``cmemu.cores`` counts (its operator's;
+    for a generic op ``cmemu.unit``, AIC by default), the cores it asks for (``cmemu.cores``, all
+    of the unit's by default) and how many of them the die has."""
+    op = attrs.get("cmemu.op")
+    unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
+    total = die.aic_cores if unit == "aic" else die.aiv_cores
+    return unit, attrs.get("cmemu.cores", total), total
+
+
+def held_cores(die, attrs: dict) -> tuple[int, int]:
+    """(AIC, AIV) cores a COMP holds while it runs. A COMP given only a duration holds none
+    unless it names ``cmemu.cores``; MLA ops hold two AIV per AIC (their softmax side)."""
+    if "cmemu.duration_ns" in attrs and "cmemu.cores" not in attrs:
+        return 0, 0
+    unit, cores, _total = unit_cores(die, attrs)
+    if attrs.get("cmemu.op") in CLUSTER_OPS:
+        return cores, AIV_PER_CLUSTER_AIC * cores
+    return (cores, 0) if unit == "aic" else (0, cores)
 
 
 def node_cost(die, attrs: dict) -> OpCost:
@@ -34,10 +56,8 @@ def _cost(die, key) -> OpCost:
     dtype = a.get("cmemu.dtype", "bf16")
     op = a.get("cmemu.op")
     if op is None:
-        unit = a.get("cmemu.unit", "aic")
-        total = die.aic_cores if unit == "aic" else die.aiv_cores
-        return generic_cost(model, unit, a.get("num_ops", 0), a.get("tensor_size", 0), dtype,
-                            a.get("cmemu.cores", total))
+        unit, cores, _total = unit_cores(die, a)
+        return generic_cost(model, unit, a.get("num_ops", 0), a.get("tensor_size", 0), dtype, cores)
     cores = a.get("cmemu.cores")
     if op in ("gemm", "grouped_gemm"):
         return gemm_cost(model, a["cmemu.m"], a["cmemu.n"], a["cmemu.k"], a.get("cmemu.groups", 1), dtype, cores,

@@ -1,4 +1,4 @@
-"""The pipes of one AI core as in-order instruction queues (SPEC.md 2.2, [ACG]).
+"""The pipes of one AI core as in-order instruction queues (docs/machine.md 2.2, [ACG]).
 
 An AIC has the pipes MTE2 (GM->L1), MTE1 (L1->L0A/L0B), CUBE and FIXP (L0C->GM); an AIV has
 MTE2 (GM->UB), VECTOR and MTE3 (UB->GM). Each pipe executes its instructions in program order,

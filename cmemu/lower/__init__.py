@@ -17,12 +17,9 @@ from cmemu.lower.comm import MSG_COLUMNS, MessageTable
 from cmemu.lower.compute import comp_cost, comp_duration_ps
 from cmemu.lower.memory import hbm_latency_ps, hbm_service_ps
 from cmemu.topology import Topology
+from cmemu.vocab import NODE_TYPE_CODE, NODE_TYPES, OP_KIND_COMP, OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND
 
-OP_KIND_COMP, OP_KIND_SEND, OP_KIND_RECV, OP_KIND_MEM = range(4)
-
-# Trace node types as stored in the timeline (an HDF5 enum with these values).
-OP_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL")
-OP_TYPE_CODE = {name: i for i, name in enumerate(OP_TYPES)}
+# How the engine runs each trace node type.
 _KIND_OF_TYPE = {
     "COMP": OP_KIND_COMP,
     "COMM_SEND": OP_KIND_SEND,
@@ -53,8 +50,8 @@ class Lowered:
     msg_src: np.ndarray  # uint16 [msgs]: endpoint the data leaves
     msg_dst: np.ndarray  # uint16 [msgs]: endpoint the data reaches
     msg_bytes: np.ndarray  # int64 [msgs]
-    msg_kind: np.ndarray  # uint8 [msgs]: fabric.MSG_WRITE / MSG_READ
-    msg_path: np.ndarray  # uint8 [msgs]: fabric.PATH_UB / PATH_D2D / PATH_RDMA
+    msg_kind: np.ndarray  # uint8 [msgs]: cmemu.vocab.MSG_WRITE / MSG_READ
+    msg_path: np.ndarray  # uint8 [msgs]: cmemu.vocab.PATH_UB / PATH_D2D / PATH_RDMA
     msg_send_op: np.ndarray  # int32 [msgs]: -1 if none
     msg_recv_op: np.ndarray  # int32 [msgs]: -1 if none
     msg_ini: np.ndarray  # uint16 [msgs]: its initiator (cmemu.lower.comm: an endpoint, or an AIV's id)
@@ -63,19 +60,19 @@ class Lowered:
     n_resources: int
     # Metadata for the timeline (not read by the engine).
     op_node_id: np.ndarray  # int64 [ops]
-    op_type: np.ndarray  # uint8 [ops]: index into OP_TYPES
+    op_type: np.ndarray  # uint8 [ops]: index into NODE_TYPES
     op_rank: np.ndarray  # int32 [ops]
     op_stream: np.ndarray  # int32 [ops]
     op_bytes: np.ndarray  # int64 [ops]
     op_hbm_bytes: np.ndarray  # int64 [ops]: HBM bytes the op reads and writes on its own die
     op_name: list  # names of the trace ops (the first num_trace_ops ops)
     op_parent: np.ndarray  # int32 [ops]: the trace op an internal op belongs to, else -1
-    op_lane: np.ndarray  # int8 [ops]: pipe/engine of an internal op (output.schema.PIPE_NAMES), else -1
+    op_lane: np.ndarray  # int8 [ops]: pipe/engine of an internal op (cmemu.vocab.PIPE_NAMES), else -1
     op_report_start: np.ndarray  # int32 [ops]: op whose start is this trace op's start, else -1
     op_phase: np.ndarray  # uint8 [ops]: the step of a collective an internal op is (cmemu.lower.moe.PHASES), else 0
     num_trace_ops: int
     # The die model's pipe occupancy of each COMP op: one row per (op, pipe) the op used, with the
-    # pipe's busy time per core (cmemu.output.schema.PIPE_CODE); recorded as /tasks summaries.
+    # pipe's busy time per core (cmemu.vocab.PIPE_CODE); recorded as /tasks summaries.
     pipe_task_op: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     pipe_task_pipe: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
     pipe_task_busy_ps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -242,24 +239,6 @@ def _op_bytes(node) -> int:
     return int(a.get("tensor_size", 0))
 
 
-def comp_cores(node, die) -> tuple[int, int]:
-    """(AIC, AIV) cores a COMP holds while it runs. A COMP given only a duration holds none
-    unless it names ``cmemu.cores``; MLA ops hold two AIV per AIC (their softmax side)."""
-    from cmemu.die.ops import op_unit
-    from cmemu.trace.ir import CLUSTER_OPS
-
-    attrs = node.attrs
-    op = attrs.get("cmemu.op")
-    if "cmemu.duration_ns" in attrs and "cmemu.cores" not in attrs:
-        return 0, 0
-    unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
-    total = die.aic_cores if unit == "aic" else die.aiv_cores
-    cores = attrs.get("cmemu.cores", total)
-    if op in CLUSTER_OPS:  # an AIC with its two AIVs
-        return cores, 2 * cores
-    return (cores, 0) if unit == "aic" else (0, cores)
-
-
 def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     """Per trace node: the engine columns that follow from its type and attributes.
 
@@ -268,11 +247,13 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     order (so the first bad node is the one an error names), and spread to every node by
     indexing. Returns the columns, the pipe-task rows and the node names.
     """
+    from cmemu.die.ops import held_cores
+
     nodes = trace.nodes
     n = len(nodes)
     # (type, attrs dict) as one number: the dict's id (an address, below 2**48) and the type's code.
-    key = np.fromiter(map(id, map(attrgetter("attrs"), nodes)), dtype=np.int64, count=n) * len(OP_TYPES)
-    key += np.fromiter(map(OP_TYPE_CODE.__getitem__, map(attrgetter("type"), nodes)), dtype=np.int64, count=n)
+    key = np.fromiter(map(id, map(attrgetter("attrs"), nodes)), dtype=np.int64, count=n) * len(NODE_TYPES)
+    key += np.fromiter(map(NODE_TYPE_CODE.__getitem__, map(attrgetter("type"), nodes)), dtype=np.int64, count=n)
     _, first, shape = np.unique(key, return_index=True, return_inverse=True)
     del key
     renumber = np.empty(first.size, dtype=np.int64)  # shapes numbered in order of their first node
@@ -287,12 +268,12 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
     for s, i in enumerate(first.tolist()):
         node = nodes[i]
         table["kind"][s] = kind = _KIND_OF_TYPE[node.type]
-        table["type"][s] = OP_TYPE_CODE[node.type]
+        table["type"][s] = NODE_TYPE_CODE[node.type]
         table["nbytes"][s] = nbytes = _op_bytes(node)
         rows = ()
         if node.type == "COMP":
             table["dur"][s] = comp_duration_ps(node, die, trace.path)
-            table["aic"][s], table["aiv"][s] = comp_cores(node, die)
+            table["aic"][s], table["aiv"][s] = held_cores(die, node.attrs)
             cost = comp_cost(node, die, trace.path)
             if cost is not None:
                 table["hbm"][s] = cost.hbm_byte
@@ -365,8 +346,7 @@ def _trace_messages(trace, topo, rank) -> dict:
     MEM_LOAD from a CPU's memory (``cmemu.src_cpu``), from the CPU to the op's die, carried by the
     op alone (no send op: the die's DMA engines read it)."""
     from cmemu.errors import TraceError
-    from cmemu.lower.comm import PLANES
-    from cmemu.lower.fabric import MSG_READ
+    from cmemu.vocab import MSG_READ, PLANES
 
     nodes = trace.nodes
     send, recv = trace.graph.messages[:, 0], trace.graph.messages[:, 1]
@@ -426,7 +406,7 @@ def core_move_byte_per_s(die) -> tuple[int, int]:
 
 def _pipe_tasks(cost, die) -> list:
     """(pipe, busy ps per core) for each pipe the die model kept busy in an op of this cost."""
-    from cmemu.output.schema import PIPE_CODE
+    from cmemu.vocab import PIPE_CODE
 
     cycle_ps = 1e6 / die.ai_core_clock_mhz
     rows = []
@@ -449,7 +429,7 @@ def lowered_from_parts(kind, dur, succ_src, succ_dst, messages: MessageTable | N
     kind = np.asarray(kind, dtype=np.uint8)
     type_of_kind = np.zeros(4, dtype=np.uint8)
     type_of_kind[[OP_KIND_COMP, OP_KIND_SEND, OP_KIND_RECV]] = [
-        OP_TYPE_CODE["COMP"], OP_TYPE_CODE["COMM_SEND"], OP_TYPE_CODE["COMM_RECV"]]
+        NODE_TYPE_CODE["COMP"], NODE_TYPE_CODE["COMM_SEND"], NODE_TYPE_CODE["COMM_RECV"]]
     rank = np.asarray(rank if rank is not None else np.zeros(n), dtype=np.int32)
     b = OpBuilder()
     b.names = [f"op{i}" for i in range(n)]

@@ -14,14 +14,14 @@ decode step are four shapes).
 growing, no second copy) and builds the per-op lists (``cmemu.lower.passes``). Trace nodes come
 first (op i is node i of the file); ops a lowering adds for a node's internal work (a
 collective's loads, sends, flags) come after, with ``parent`` naming the trace op they belong to
-and ``lane`` the pipe or engine that does them (cmemu.output.schema.PIPE_NAMES).
+and ``lane`` the pipe or engine that does them (cmemu.vocab.PIPE_NAMES).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from cmemu.lower.comm import MSG_COLUMNS, Columns, MessageTable
-from cmemu.lower.fabric import MSG_WRITE
+from cmemu.vocab import MSG_WRITE
 
 _COLUMNS = {
     # name: (dtype, default)

@@ -17,17 +17,15 @@ MAX_OP_PS = 2**62
 
 def comp_problem(attrs: dict, die) -> tuple[str, str] | None:
     """(field, message) of the first reason the die cannot run this COMP as given, else None."""
-    from cmemu.die.ops import node_cost, op_unit
-    from cmemu.trace.ir import CLUSTER_OPS
+    from cmemu.die.ops import AIV_PER_CLUSTER_AIC, node_cost, unit_cores
+    from cmemu.vocab import CLUSTER_OPS
 
-    op = attrs.get("cmemu.op")
-    unit = op_unit(op) if op else attrs.get("cmemu.unit", "aic")
-    total = die.aic_cores if unit == "aic" else die.aiv_cores
-    cores = attrs.get("cmemu.cores", total)
+    unit, cores, total = unit_cores(die, attrs)
     if cores > total:
         return "cmemu.cores", f"{cores} cores requested, the die has {total} {unit.upper()} cores"
-    if op in CLUSTER_OPS and 2 * cores > die.aiv_cores:
-        return "cmemu.cores", f"{cores} AIC need {2 * cores} AIV beside them, the die has {die.aiv_cores}"
+    if attrs.get("cmemu.op") in CLUSTER_OPS and AIV_PER_CLUSTER_AIC * cores > die.aiv_cores:
+        return "cmemu.cores", (f"{cores} AIC need {AIV_PER_CLUSTER_AIC * cores} AIV beside them, the die has "
+                               f"{die.aiv_cores}")
     if "cmemu.duration_ns" in attrs:
         return None  # a fixed time (checked against the clock with the trace)
     try:

@@ -2,7 +2,7 @@
 
 Each member's COMM_COLL node becomes its *exit*: it ends when the member's part is done. An
 *entry* op takes the node's dependencies; from it the member's internal ops run, on one of two
-engines (SPEC.md 2.5):
+engines (docs/machine.md 2.5):
 
 - **SDMA**: the die's ``comm.sdma_engines`` DMA engines take one descriptor per destination, in
   turn. A descriptor costs ``comm.sdma_descriptor_startup_ns`` before its data moves, and keeps its
@@ -22,7 +22,7 @@ expert order, a reduction, MoE combine's weighted sum) and its exit ends.
 Algorithms: ALL_TO_ALL, ALL_GATHER and BROADCAST write directly to every destination (the UB
 Clos gives every pair of dies a path: no ring or tree is needed); REDUCE_SCATTER writes each
 member's share to it and reduces there; ALL_REDUCE is a reduce-scatter followed by an all-gather
-of the reduced shares. MOE_DISPATCH/MOE_COMBINE follow [MC2] (SPEC.md 2.5): token-by-token writes
+of the reduced shares. MOE_DISPATCH/MOE_COMBINE follow [MC2] (docs/machine.md 2.5): token-by-token writes
 of (token, expert) pairs to the die holding the expert, then the flag exchange, then the local copy
 (dispatch) or weighted sum (combine). Routing is drawn from a seeded distribution (uniform, or
 Zipf-skewed by ``cmemu.skew``) and is the same for a dispatch and the combine with the same
@@ -34,12 +34,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from cmemu.lower.fabric import MSG_WRITE
-from cmemu.output.schema import PIPE_CODE
 from cmemu.units import ns_to_ps
+from cmemu.vocab import MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND, PIPE_CODE
 from cmemu.workload.moe import dispatch_payload_byte, moe_experts, moe_routing
 
-OP_COMP, OP_SEND, OP_RECV = 0, 1, 2  # cmemu.lower.OP_KIND_* (no import cycle)
 SDMA, AIV = PIPE_CODE["SDMA"], PIPE_CODE["AIV_DIRECT"]
 VECTOR = PIPE_CODE["VECTOR"]
 
@@ -79,7 +77,7 @@ class _Ctx:
         """Internal COMP ops of member m (one, or ``count`` of them with array durations)."""
         n = 1 if count is None else count
         # What a load, a DMA or a local copy moves goes through this die's HBM.
-        idx = self.b.ops(n, kind=OP_COMP, dur=dur_ps, rank=int(self.ranks[m]), parent=self.ops[m], lane=lane,
+        idx = self.b.ops(n, kind=OP_KIND_COMP, dur=dur_ps, rank=int(self.ranks[m]), parent=self.ops[m], lane=lane,
                          nbytes=nbytes, hbm=nbytes, aiv=aiv)
         return int(idx[0]) if count is None else idx
 
@@ -131,7 +129,7 @@ def lower_collective(b, topo, trace, ops) -> dict:
     ctx = _Ctx(b, topo, trace, ops)
     ctype = ctx.attrs["comm_type"]
     members = len(ops)
-    entries = b.ops(members, kind=OP_COMP, dur=0, rank=ctx.ranks, parent=ops, lane=-1, nbytes=0, hbm=0, aiv=0)
+    entries = b.ops(members, kind=OP_KIND_COMP, dur=0, rank=ctx.ranks, parent=ops, lane=-1, nbytes=0, hbm=0, aiv=0)
     b.report_start.update(zip(ops, entries.tolist()))
     size = int(ctx.attrs.get("comm_size", 0))
     exits = None
@@ -183,7 +181,7 @@ def _send_writes(ctx, m, start_ops, dst_members, nbytes, lane, group=None):
         group, dst_members, nbytes = group[order], dst_members[order], nbytes[order]
         keys, owner = np.unique(group, return_inverse=True)
         starts, op_bytes = np.asarray(start_ops)[keys], np.bincount(owner, weights=nbytes).astype(np.int64)
-    sends = ctx.b.ops(len(op_bytes), kind=OP_SEND, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane,
+    sends = ctx.b.ops(len(op_bytes), kind=OP_KIND_SEND, rank=int(ctx.ranks[m]), parent=ctx.ops[m], lane=lane,
                       nbytes=op_bytes)
     ctx.b.edges(starts, sends)
     ctx.b.messages_between(ctx.topo, np.full(n, ctx.ranks[m]), ctx.ranks[dst_members], nbytes, sends[owner], -1,
@@ -243,20 +241,20 @@ def _flags_and_poll(ctx, entries, sends, count, lane):
     flag = ctx.comm.flag_byte * max(1, ctx.attrs.get("cmemu.experts", members) // members)
     ranks, parents = ctx.ranks, np.asarray(ctx.ops)
     entries = np.asarray(entries)
-    fences = b.ops(members, kind=OP_COMP, rank=ranks, parent=parents, lane=lane)
+    fences = b.ops(members, kind=OP_KIND_COMP, rank=ranks, parent=parents, lane=lane)
     b.edges(sends, np.repeat(fences, count))
     b.edges(entries, fences)
     # One send op per member writes its flag to every other member (it ends when all are
     # acknowledged); one receive op per member waits for the flags of all the others.
-    recvs = b.ops(members, kind=OP_RECV, rank=ranks, parent=parents, lane=lane, nbytes=flag * (members - 1))
+    recvs = b.ops(members, kind=OP_KIND_RECV, rank=ranks, parent=parents, lane=lane, nbytes=flag * (members - 1))
     b.edges(entries, recvs)
-    sends = b.ops(members, kind=OP_SEND, rank=ranks, parent=parents, lane=lane, nbytes=flag * (members - 1))
+    sends = b.ops(members, kind=OP_KIND_SEND, rank=ranks, parent=parents, lane=lane, nbytes=flag * (members - 1))
     b.edges(fences, sends)
     src = np.repeat(np.arange(members), members - 1)
     dst = (src + np.tile(np.arange(1, members), members)) % members  # m+1, m+2, ... (staggered)
     b.messages_between(ctx.topo, ranks[src], ranks[dst], flag, sends[src], recvs[dst])
     # The member sees the last flag at most one poll interval after it lands.
-    seen = b.ops(members, kind=OP_COMP, dur=ns_to_ps(ctx.comm.flag_poll_interval_ns), rank=ranks, parent=parents,
+    seen = b.ops(members, kind=OP_KIND_COMP, dur=ns_to_ps(ctx.comm.flag_poll_interval_ns), rank=ranks, parent=parents,
                  lane=lane)
     b.edges(recvs, seen)
     b.edges(sends, seen)
@@ -275,7 +273,7 @@ def _exchange(ctx, starts, nbytes, after_ps=0, after_aiv=0):
                            SDMA if ctx.engine == "sdma" else AIV)
     if not after_ps:
         return seen
-    done = ctx.b.ops(members, kind=OP_COMP, dur=after_ps, rank=ctx.ranks, parent=ctx.ops, lane=VECTOR, nbytes=0,
+    done = ctx.b.ops(members, kind=OP_KIND_COMP, dur=after_ps, rank=ctx.ranks, parent=ctx.ops, lane=VECTOR, nbytes=0,
                      hbm=0, aiv=after_aiv)
     ctx.b.edges(seen, done)
     return done
@@ -331,7 +329,7 @@ def _moe(ctx, entries, combine: bool):
             return ctx.stream_ps(2 * nbytes, ctx.cores)  # read the window, write expert order
     sizes, where = np.unique(received, return_inverse=True)
     work_ps = np.array([work(int(nb)) for nb in sizes], dtype=np.int64)[where]
-    done = b.ops(members, kind=OP_COMP, dur=work_ps, rank=ctx.ranks, parent=ctx.ops, lane=VECTOR, nbytes=received,
+    done = b.ops(members, kind=OP_KIND_COMP, dur=work_ps, rank=ctx.ranks, parent=ctx.ops, lane=VECTOR, nbytes=received,
                  hbm=received, aiv=ctx.cores)
     b.edges(seen, done)
     return done

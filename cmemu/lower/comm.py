@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cmemu.lower.fabric import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC
 from cmemu.topology import Topology
+from cmemu.vocab import MSG_WRITE, PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC, PLANES
 
 
 _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op", "ini", "prep", "flow")
@@ -34,18 +34,15 @@ MAX_PREP_PS = 2**31 - 1
 MAX_ENDPOINTS = 2**16
 # The same as Lowered's message arrays, in their order.
 MSG_COLUMNS = {f"msg_{'bytes' if c == 'nbytes' else c}": _DTYPES[c] for c in _COLUMNS}
-PLANES = ("ub", "rdma", "vpc")  # cmemu.plane of a message, as a code (an index into this)
 
 
 def message_paths(topo: Topology, src, dst, plane):
-    """How each message src[i] -> dst[i] travels (fabric.PATH_*): the RDMA or VPC plane when its
+    """How each message src[i] -> dst[i] travels (cmemu.vocab.PATH_*): the RDMA or VPC plane when its
     ``plane`` (a code of PLANES) asks for it, else the die-to-die link between the two dies of
     one NPU, else the UB fabric."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    dies = topo.num_dies
-    twin = (src < dies) & (dst < dies) & ((src ^ 1) == dst) if topo.spec.dies_per_npu == 2 else src < 0
-    path = np.where(twin, PATH_D2D, PATH_UB).astype(np.uint8)
+    path = np.where(topo.is_twin(src, dst), PATH_D2D, PATH_UB).astype(np.uint8)
     plane = np.broadcast_to(np.asarray(plane), path.shape)
     path[plane == PLANES.index("rdma")] = PATH_RDMA
     path[plane == PLANES.index("vpc")] = PATH_VPC

@@ -30,17 +30,9 @@ from cmemu.topology import (
     Topology,
 )
 from cmemu.units import ns_to_ps
+from cmemu.vocab import LB_HASH, LB_SPRAY
 
 NUM_VLS = 2
-# Path kinds (how a message travels).
-PATH_UB, PATH_D2D, PATH_RDMA, PATH_VPC = range(4)
-PATH_NAMES = ("ub", "d2d", "rdma", "vpc")
-# Packet types (which header they carry).
-PKT_WRITE, PKT_READ_REQ, PKT_READ_RESP, PKT_ACK = range(4)
-# Message kinds.
-MSG_WRITE, MSG_READ, MSG_ATOMIC = range(3)
-MSG_KIND_NAMES = ("write", "read", "atomic")
-LB_SPRAY, LB_HASH = range(2)
 # A message's path hash, which picks its first path (plane, L2 chip) deterministically:
 # (m * PATH_HASH_MULT + src * 7919 + dst * 104729) mod 2**31 for message number m (Knuth's
 # multiplicative hash spreads message numbers over the paths). The engine computes it.

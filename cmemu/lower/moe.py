@@ -50,9 +50,8 @@ import numpy as np
 from cmemu.die.kernels import vector_cycles
 from cmemu.die.model import DieModel, ceil_div
 from cmemu.lower.comm import FLOW_BASE
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, aiv_initiator
-
-OP_COMP, OP_SEND, OP_RECV = 0, 1, 2  # cmemu.lower.OP_KIND_* (no import cycle)
+from cmemu.lower.fabric import aiv_initiator
+from cmemu.vocab import MSG_READ, MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 
 # Phases of a collective's internal ops (Lowered.op_phase): what the dispatch and combine
 # scenarios report. 0: none.
@@ -250,7 +249,7 @@ def _loops(ctx, entries, seg_member, seg_core, has, tail, nbytes, phase="send"):
     last = np.full(n_seg, -1, dtype=np.int64)
     sel = np.flatnonzero(live)
     if sel.size:
-        kind = np.where(has[sel], OP_SEND, OP_COMP)
+        kind = np.where(has[sel], OP_KIND_SEND, OP_KIND_COMP)
         loop_op[sel] = _per_member(ctx, sel.size, phase, seg_member[sel], kind=kind,
                                    dur=np.where(has[sel], 0, tail[sel]), aiv=1, lane=ctx.lane_aiv,
                                    nbytes=np.where(has[sel], nbytes[sel], 0))
@@ -258,7 +257,7 @@ def _loops(ctx, entries, seg_member, seg_core, has, tail, nbytes, phase="send"):
         last[sel] = loop_op[sel]
     t = np.flatnonzero(has & (tail > 0))
     if t.size:
-        tails = _per_member(ctx, t.size, phase, seg_member[t], kind=OP_COMP, dur=tail[t], aiv=1, lane=ctx.lane_aiv)
+        tails = _per_member(ctx, t.size, phase, seg_member[t], kind=OP_KIND_COMP, dur=tail[t], aiv=1, lane=ctx.lane_aiv)
         b.edges(loop_op[t], tails)
         last[t] = tails
     return loop_op, last
@@ -266,7 +265,7 @@ def _loops(ctx, entries, seg_member, seg_core, has, tail, nbytes, phase="send"):
 
 def _join(ctx, seg_member, last, members, phase, dur, **cols):
     """Per member, one op after the last ops of its loops (and a member's own start-up first)."""
-    ops = _per_member(ctx, members, phase, np.arange(members), kind=OP_COMP, dur=dur, lane=ctx.lane_aiv, **cols)
+    ops = _per_member(ctx, members, phase, np.arange(members), kind=OP_KIND_COMP, dur=dur, lane=ctx.lane_aiv, **cols)
     live = last >= 0
     ctx.b.edges(last[live], ops[seg_member[live]])
     return ops
@@ -325,7 +324,7 @@ def _dispatch(ctx, entries, experts, local, kernel):
         # under its previous write, which it waits for.
         per_core = np.add.reduceat(np.maximum(work, local_write), bounds[:-1][bounds[:-1] < pairs])
         share_ps = int(per_core.max()) + local_write if pairs else 0
-        share = _per_member(ctx, members, "send", np.arange(members), kind=OP_COMP, dur=share_ps, aiv=A,
+        share = _per_member(ctx, members, "send", np.arange(members), kind=OP_KIND_COMP, dur=share_ps, aiv=A,
                             lane=ctx.lane_aiv, nbytes=pairs * (token_b + write_b), hbm=pairs * (token_b + write_b))
         b.edges(entries, share)
         last = share
@@ -335,16 +334,16 @@ def _dispatch(ctx, entries, experts, local, kernel):
     e_of = np.tile(np.arange(n_experts), members)
     m_of = np.repeat(np.arange(members), n_experts)
     far = e_of // local != m_of
-    status = _per_member(ctx, members, "status", np.arange(members), kind=OP_SEND, lane=ctx.lane_aiv,
+    status = _per_member(ctx, members, "status", np.arange(members), kind=OP_KIND_SEND, lane=ctx.lane_aiv,
                          nbytes=FLAG_BYTE * int(far.sum() // members))
     b.edges(barrier, status)
-    waits = _per_member(ctx, members, "wait", np.arange(members), kind=OP_RECV, lane=ctx.lane_aiv,
+    waits = _per_member(ctx, members, "wait", np.arange(members), kind=OP_KIND_RECV, lane=ctx.lane_aiv,
                         nbytes=FLAG_BYTE * (members - 1) * local)
     b.edges(status, waits)  # a core polls once its own flags are out
     fe, fm = e_of[far], m_of[far]
     _messages(ctx, fm, fe // local, FLAG_BYTE, status[fm], waits[fe // local],
               np.searchsorted(ebounds, fe, side="right") - 1)
-    seen = _per_member(ctx, members, "wait", np.arange(members), kind=OP_COMP, lane=ctx.lane_aiv,
+    seen = _per_member(ctx, members, "wait", np.arange(members), kind=OP_KIND_COMP, lane=ctx.lane_aiv,
                        dur=st.poll_ps(FLAG_BYTE * int(np.max(np.diff(sbounds)))) + st.sync_all_ps()
                        + st.load_ps(4 * A))
     b.edges(waits, seen)
@@ -353,7 +352,7 @@ def _dispatch(ctx, entries, experts, local, kernel):
     if kernel == "low_latency":
         copy_ps = np.array([st.copy_rows_ps(int(r), write_b, (TRIPLE_BYTE, 4, hidden))
                             for r in rows_per_core.max(axis=1)], dtype=np.int64)
-        copy = _per_member(ctx, members, "copy", np.arange(members), kind=OP_COMP,
+        copy = _per_member(ctx, members, "copy", np.arange(members), kind=OP_KIND_COMP,
                            dur=copy_ps + (st.sync_all_ps() if local > 1 else 0), aiv=A, lane=ctx.lane_aiv,
                            nbytes=received * (write_b + hidden), hbm=received * (write_b + hidden))
         b.edges(seen, copy)
@@ -391,10 +390,10 @@ def _pull(ctx, start, recv_slot, sbounds, write_b, hidden, local):
     recv = np.full(n_seg, -1, dtype=np.int64)
     r = np.flatnonzero(has)
     if r.size:
-        recv[r] = _per_member(ctx, r.size, "copy", seg_member[r], kind=OP_RECV, aiv=1, lane=ctx.lane_aiv,
+        recv[r] = _per_member(ctx, r.size, "copy", seg_member[r], kind=OP_KIND_RECV, aiv=1, lane=ctx.lane_aiv,
                               nbytes=write_b * n_remote[r])
         b.edges(start[seg_member[r]], recv[r])
-    done = _per_member(ctx, live.size, "copy", seg_member[live], kind=OP_COMP, dur=tail[live], aiv=1,
+    done = _per_member(ctx, live.size, "copy", seg_member[live], kind=OP_KIND_COMP, dur=tail[live], aiv=1,
                        lane=ctx.lane_aiv)
     b.edges(np.where(recv[live] >= 0, recv[live], start[seg_member[live]]), done)
     last = np.full(n_seg, -1, dtype=np.int64)
@@ -418,11 +417,11 @@ def notify(ctx, entries, local):
     # Core 0 lays out (count, offset, tokens) per expert with scalar loops, then a barrier.
     assemble_ps = st.c(n_experts * 3 * 4) + st.store_ps(NOTIFY_DATA_INT32 * 4 * n_experts) + st.sync_all_ps()
     per_target = NOTIFY_DATA_INT32 * 4 * local
-    asm = _per_member(ctx, members, "notify", every, kind=OP_COMP, dur=assemble_ps, aiv=1, lane=ctx.lane_aiv)
+    asm = _per_member(ctx, members, "notify", every, kind=OP_KIND_COMP, dur=assemble_ps, aiv=1, lane=ctx.lane_aiv)
     b.edges(entries, asm)
-    flags = _per_member(ctx, members, "notify", every, kind=OP_SEND, lane=ctx.lane_aiv,
+    flags = _per_member(ctx, members, "notify", every, kind=OP_KIND_SEND, lane=ctx.lane_aiv,
                         nbytes=NOTIFY_FLAG_BYTE * (members - 1))
-    waits = _per_member(ctx, members, "notify", every, kind=OP_RECV, lane=ctx.lane_aiv,
+    waits = _per_member(ctx, members, "notify", every, kind=OP_KIND_RECV, lane=ctx.lane_aiv,
                         nbytes=NOTIFY_FLAG_BYTE * (members - 1))
     b.edges(asm, flags)
     b.edges(asm, waits)
@@ -435,16 +434,16 @@ def notify(ctx, entries, local):
     order = np.lexsort((k, core, m_of))  # each core's targets in a row
     m_of, peer, core = m_of[order], peer[order], core[order]
     _messages(ctx, m_of, peer, NOTIFY_FLAG_BYTE, flags[m_of], waits[peer], core, st.store_ps(per_target))
-    seen = _per_member(ctx, members, "notify", every, kind=OP_COMP, dur=st.poll_ps(FLAG_BYTE), lane=ctx.lane_aiv)
+    seen = _per_member(ctx, members, "notify", every, kind=OP_KIND_COMP, dur=st.poll_ps(FLAG_BYTE), lane=ctx.lane_aiv)
     b.edges(waits, seen)
-    pull = _per_member(ctx, members, "notify", every, kind=OP_RECV, lane=ctx.lane_aiv,
+    pull = _per_member(ctx, members, "notify", every, kind=OP_KIND_RECV, lane=ctx.lane_aiv,
                        nbytes=per_target * (members - 1))
     b.edges(seen, pull)
     _messages(ctx, m_of, peer, per_target, -1, pull[m_of], core, 0, 1, kind=MSG_READ)
-    build = _per_member(ctx, members, "notify", every, kind=OP_COMP, lane=ctx.lane_aiv,
+    build = _per_member(ctx, members, "notify", every, kind=OP_KIND_COMP, lane=ctx.lane_aiv,
                         dur=st.sync_all_ps() + st.c(members * local * 4) + st.store_ps(4 * members * local))
     b.edges(pull, build)
-    host = _per_member(ctx, members, "host", every, kind=OP_COMP, dur=2 * round(ctx.comm.host_sync_ns * 1000),
+    host = _per_member(ctx, members, "host", every, kind=OP_KIND_COMP, dur=2 * round(ctx.comm.host_sync_ns * 1000),
                        lane=ctx.lane_aiv)
     b.edges(build, host)
     return host
@@ -495,7 +494,7 @@ def _combine(ctx, entries, experts, local, kernel):
     tbounds = split_to_cores(tokens, A)
     sum_ps = st.weighted_sum_ps(top_k, hidden) + st.poll_ps(FLAG_BYTE * top_k)
     chain = _per_member(ctx, 2 * tokens * members, "sum", np.repeat(np.arange(members), 2 * tokens),
-                        kind=np.tile([OP_RECV, OP_COMP], tokens * members), dur=np.tile([0, sum_ps], tokens * members),
+                        kind=np.tile([OP_KIND_RECV, OP_KIND_COMP], tokens * members), dur=np.tile([0, sum_ps], tokens * members),
                         aiv=1, lane=ctx.lane_aiv, nbytes=np.tile([FLAG_BYTE * top_k, (top_k + 1) * row_b],
                                                                   tokens * members),
                         hbm=np.tile([0, (top_k + 1) * row_b], tokens * members)).reshape(members, tokens, 2)

@@ -2,7 +2,7 @@
 (``prefill_step``) of a ``ModelDescription`` in a deployment (``DecodeDeployment``,
 ``PrefillDeployment``), as a trace document (docs/trace-format.md).
 
-The deployment is CloudMatrix-Infer's shape, with its choices as options (SPEC.md 2.8): every die
+The deployment is CloudMatrix-Infer's shape, with its choices as options (docs/machine.md 2.8): every die
 of the EP group serves its own requests (data-parallel attention) and holds
 ``experts_per_die`` expert slots (routed experts, copies of the shared expert when it is placed
 among the EP ranks, redundant copies); the MoE routes each token to its top-k experts (plus the

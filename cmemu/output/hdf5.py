@@ -32,12 +32,12 @@ except ImportError:  # pragma: no cover - isal is a dependency; a platform witho
     DEFLATE = "zlib"
 
 import cmemu
-from cmemu.lower import OP_TYPES
 from cmemu.output.schema import (
-    LINK_SERIES_FIELDS, HBM_SERIES_FIELDS, HBM_STACK_SERIES_FIELDS, MOE_PAIR_FIELDS,
+    LINK_SERIES_FIELDS,
+    HBM_SERIES_FIELDS,
+    HBM_STACK_SERIES_FIELDS,
+    MOE_PAIR_FIELDS,
     PACKET_FIELDS,
-    PACKET_TYPE_NAMES,
-    PIPE_NAMES,
     TASK_FIELDS,
     TIMELINE_FORMAT,
     TIMELINE_VERSION,
@@ -48,8 +48,9 @@ from cmemu.output.atomic import atomic_path
 from cmemu.output.columns import has_repeats, lexsort_order, sum_by
 from cmemu.output.summary import die_summary
 from cmemu.topology import LINK_KIND_NAMES
+from cmemu.vocab import NODE_TYPES, PACKET_TYPE_NAMES, PIPE_NAMES
 
-OP_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(OP_TYPES)}, basetype="u1")
+OP_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(NODE_TYPES)}, basetype="u1")
 LINK_KIND_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(LINK_KIND_NAMES)}, basetype="u1")
 PIPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(PIPE_NAMES)}, basetype="u1")
 PACKET_TYPE_ENUM = h5py.enum_dtype({name: i for i, name in enumerate(PACKET_TYPE_NAMES)}, basetype="u1")
@@ -294,7 +295,7 @@ def _write_dies(f, r, spec, w: _Writer, hbm: bool = True) -> None:
     w.dataset(g, "die_in_npu", s["die_in_npu"])
     ds = w.dataset(g, "busy_ps", s["busy_ps"], unit="ps",
                    doc="[die, op type]: time during which at least one op of that type ran on the die")
-    ds.attrs["columns"] = ",".join(OP_TYPES)
+    ds.attrs["columns"] = ",".join(NODE_TYPES)
     w.dataset(g, "any_busy_ps", s["any_busy_ps"], unit="ps", doc="time during which any op ran on the die")
     w.dataset(g, "exposed_comm_ps", s["exposed_comm_ps"], unit="ps",
               doc="time during which a COMM_RECV or COMM_COLL was in progress and no COMP, MEM_LOAD or "

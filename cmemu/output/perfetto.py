@@ -47,7 +47,7 @@ import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.output.atomic import atomic_open
-from cmemu.output.schema import PACKET_TYPE_NAMES, PIPE_NAMES
+from cmemu.vocab import PACKET_TYPE_NAMES, PIPE_NAMES
 
 DEFAULT_MAX_EVENTS = 2_000_000
 _WRITE_ROWS = 1 << 16

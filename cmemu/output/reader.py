@@ -14,10 +14,10 @@ import h5py
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_TYPES
-from cmemu.output.schema import PACKET_TYPE_NAMES, PIPE_NAMES, READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
+from cmemu.output.schema import READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
 from cmemu.output.summary import busy_union_ps, die_summary, hbm_capacity, hbm_figures
 from cmemu.topology import LINK_KIND_NAMES
+from cmemu.vocab import NODE_TYPES, PACKET_TYPE_NAMES, PIPE_NAMES
 
 class TimelineError(CmemuError):
     """A file that is not a cmemu timeline, or one of a version this reader does not know."""
@@ -167,7 +167,7 @@ class Timeline:
                     if bin_ps is None or not 0 < int(bin_ps) <= 2**62:
                         raise self._damaged(f"/{g} has no bin width (its attribute bin_ps, ps > 0)")
             # Enum names as this file stores them (later cmemu versions may append members).
-            self.op_types = _enum_names(self._f["ops/type"], OP_TYPES)
+            self.op_types = _enum_names(self._f["ops/type"], NODE_TYPES)
             self.link_kinds = _enum_names(self._f["links/kind"], LINK_KIND_NAMES)
             self.pipes = _enum_names(self._f["tasks/pipe"], PIPE_NAMES) if "tasks/pipe" in self._f else PIPE_NAMES
         except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:

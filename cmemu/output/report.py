@@ -16,8 +16,8 @@ import numpy as np
 from cmemu.errors import CmemuError
 from cmemu.output.atomic import atomic_files, output_folder
 from cmemu.output.reader import busiest_links, open_timeline
-from cmemu.output.schema import PIPE_NAMES
 from cmemu.output.summary import HBM_CAPACITY_ACHIEVED
+from cmemu.vocab import PIPE_NAMES
 
 # One colour per op type (tab10), the same in every plot; grey for types added later.
 OP_COLOURS = dict(zip(("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL"),

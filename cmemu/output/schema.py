@@ -13,10 +13,6 @@ TIMELINE_FORMAT = "cmemu.timeline"
 TIMELINE_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
-# Pipes and engines of a die, as Ascend's own tools name them (CUBE, VECTOR, MTE1/2/3, FIXP),
-# plus the two communication engines. /tasks/pipe stores the index into this tuple.
-PIPE_NAMES = ("CUBE", "VECTOR", "MTE1", "MTE2", "MTE3", "FIXP", "SDMA", "AIV_DIRECT")
-PIPE_CODE = {name: i for i, name in enumerate(PIPE_NAMES)}
 
 # The columns of RunResult.tasks (a dict of equal-length numpy arrays), with their dtypes.
 TASK_FIELDS = (
@@ -67,9 +63,8 @@ PACKET_FIELDS = (
     ("wire_bytes", "int32"),
     ("type", "uint8"),
 )
-# /packets/type: the fabric's packet types (cmemu.lower.fabric.PKT_*, same codes). Acks are
+# /packets/type: the fabric's packet types (cmemu.vocab.PACKET_TYPE_NAMES, PKT_* codes). Acks are
 # folded into the data packets' events and never cross a link as records of their own.
-PACKET_TYPE_NAMES = ("WRITE", "READ_REQ", "READ_RESP", "ACK")
 
 
 

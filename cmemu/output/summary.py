@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cmemu.lower import OP_TYPES
+from cmemu.vocab import NODE_TYPES
 
 # Ops during which a die waits for other dies: a receive, a collective (its exit op spans it).
 WAIT_TYPES = ("COMM_RECV", "COMM_COLL")
@@ -65,18 +65,28 @@ def busy_union_ps(key, start, end, nkeys: int) -> np.ndarray:
     return _per_key(k, t, count > 0, nkeys)
 
 
-def exposed_comm_ps(rank, op_type, start, end, ranks: int, op_types=OP_TYPES) -> np.ndarray:
+def uncovered_ps(key, start, end, nkeys: int, wait, work) -> np.ndarray:
+    """Per key: the time during which one of its ``wait`` intervals is in progress and none of its
+    ``work`` intervals runs (boolean masks over the intervals; an interval in neither is left out).
+    The rule behind both measures of exposed communication (``exposed_comm_ps`` here, and the
+    decode and prefill scenarios' ``step_exposed_comm_ps``)."""
+    wait, work = np.asarray(wait, dtype=bool), np.asarray(work, dtype=bool)
+    sel = wait | work
+    k, t, (waiting, working) = _sweep(np.asarray(key)[sel], np.asarray(start)[sel], np.asarray(end)[sel], nkeys,
+                                      work[sel])
+    return _per_key(k, t, (waiting > 0) & (working == 0), nkeys)
+
+
+def exposed_comm_ps(rank, op_type, start, end, ranks: int, op_types=NODE_TYPES) -> np.ndarray:
     """Per rank: time during which a COMM_RECV or COMM_COLL is in progress and no COMP or MEM op
-    of that rank runs. ``op_types`` names the codes of ``op_type`` (the file's enum)."""
+    of that rank runs (the timeline's /dies/exposed_comm_ps). ``op_types`` names the codes of
+    ``op_type`` (the file's enum)."""
     op_type = np.asarray(op_type)
     wait, work = _codes(WAIT_TYPES, op_types), _codes(WORK_TYPES, op_types)
-    sel = np.isin(op_type, wait) | np.isin(op_type, work)
-    cls = np.isin(op_type[sel], work)
-    k, t, (recv, work) = _sweep(np.asarray(rank)[sel], np.asarray(start)[sel], np.asarray(end)[sel], ranks, cls)
-    return _per_key(k, t, (recv > 0) & (work == 0), ranks)
+    return uncovered_ps(rank, start, end, ranks, np.isin(op_type, wait), np.isin(op_type, work))
 
 
-def die_summary(ops: dict, messages: dict, spec: dict, op_types=OP_TYPES) -> dict:
+def die_summary(ops: dict, messages: dict, spec: dict, op_types=NODE_TYPES) -> dict:
     """The ``/dies`` columns, from ``/ops`` and ``/messages`` columns and the resolved spec (a dict).
 
     ``ops`` needs rank, type, start_ps, end_ps, bytes; ``messages`` needs send_op, recv_op, bytes;

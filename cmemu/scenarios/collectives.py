@@ -11,7 +11,8 @@ from __future__ import annotations
 import click
 
 from cmemu.errors import CmemuError
-from cmemu.scenarios.common import parse_sizes, run_doc, scenario_command, trace_doc
+from cmemu.scenarios.common import run_doc, scenario_command, trace_doc
+from cmemu.units import parse_sizes
 
 OPS = {
     # name: (comm_type, what comm_size means, factor: bus bytes per rank / size)

@@ -74,28 +74,6 @@ def emit(name: str, system: str, parameters: dict, rows, as_json: bool) -> None:
         click.echo(format_table(table))
 
 
-_SIZE_SUFFIX = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 2**20, "MB": 2**20, "MIB": 2**20,
-                "G": 2**30, "GB": 2**30, "GIB": 2**30}
-
-
-MAX_SIZE_BYTE = 2**53  # as a trace's sizes (cmemu.trace.ir.MAX_INT): exact in a double, and in an int64
-
-
-def parse_sizes(text: str) -> list[int]:
-    """Byte sizes from ``64,512,4K,1M`` (K, M, G are powers of 1024 here, as message sizes are)."""
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        num = part.rstrip("kKmMgGiIbB")
-        suffix = part[len(num):].upper()
-        if not (num.isascii() and num.isdigit()) or suffix not in _SIZE_SUFFIX or int(num) * _SIZE_SUFFIX[suffix] <= 0:
-            raise CmemuError(f"'{part[:40]}' is not a size in bytes (e.g. 64, 4K, 1M)")
-        if int(num) * _SIZE_SUFFIX[suffix] > MAX_SIZE_BYTE:
-            raise CmemuError(f"'{part[:40]}' is more than 2**53 bytes, the largest size a trace holds")
-        out.append(int(num) * _SIZE_SUFFIX[suffix])
-    return out
-
-
 def check_positive(name: str, value) -> None:
     if value is None or value <= 0:
         raise CmemuError(f"--{name.replace('_', '-')} must be > 0, got {value}")

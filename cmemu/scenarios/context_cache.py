@@ -26,7 +26,7 @@ from cmemu.trace.deepseek import LAYERS, PrefillConfig
 from cmemu.trace.ems_fetch import ems_reuse
 
 RATES = "0,0.125,0.25,0.5,0.75,0.9"
-EP = 32  # SPEC.md 2.8: prefill on 16 NPUs
+EP = 32  # docs/machine.md 2.8: prefill on 16 NPUs
 ATTN_TP = 8
 
 

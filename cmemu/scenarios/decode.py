@@ -72,36 +72,14 @@ def _layer_shape(cfg, model) -> tuple[int, int, bool]:
     return dense_layers_of(model, cfg.layers), model.layers, model.moe
 
 
-def _union(starts, ends) -> list[tuple[int, int]]:
-    out = []
-    for s, e in sorted(zip(starts.tolist(), ends.tolist())):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
+def step_exposed_comm_ps(rank, is_comm, is_compute, start, end, ranks: int) -> np.ndarray:
+    """Per die, the scenarios' exposed communication of a step: the time one of its collectives
+    (by op class: MoE dispatch or combine, the attention's collectives) is in progress while none
+    of its compute ops runs. Not the timeline's /dies/exposed_comm_ps, which goes by op type (any
+    receive or collective against any COMP or memory op)."""
+    from cmemu.output.summary import uncovered_ps
 
-
-def _exposed(comm, compute) -> int:
-    """Length of the union of comm intervals not covered by the union of compute intervals."""
-    total = 0
-    j = 0
-    for s, e in comm:
-        cur = s
-        while j < len(compute) and compute[j][1] <= cur:
-            j += 1
-        k = j
-        while cur < e:
-            if k < len(compute) and compute[k][0] < e:
-                cs, ce = compute[k]
-                if cs > cur:
-                    total += cs - cur
-                cur = max(cur, ce)
-                k += 1
-            else:
-                total += e - cur
-                cur = e
-    return total
+    return uncovered_ps(rank, start, end, ranks, is_comm, is_compute)
 
 
 def stream_busy(cfg: DecodeConfig, result, model=None) -> list[dict]:
@@ -156,13 +134,8 @@ def decode_metrics(cfg: DecodeConfig, result, model=None) -> dict:
     ends = [int(end[i]) for i, n in enumerate(names)
             if rank[i] == 0 and n.endswith(f".mb{mb_last}.{leaf}")]  # MoE layers, the MTP one too
     layer_ps = int(np.diff(ends).mean()) if len(ends) >= 2 else None
-    exposed = []
     is_comm = np.isin(classes, ["dispatch", "combine", "tp_collectives"])
-    for r in range(dies):
-        mine = rank == r
-        comm = _union(start[mine & is_comm], end[mine & is_comm])
-        compute = _union(start[mine & ~is_comm], end[mine & ~is_comm])
-        exposed.append(_exposed(comm, compute))
+    exposed = step_exposed_comm_ps(rank, is_comm, ~is_comm, start, end, dies)
     accepted = cfg.accepted_per_step
     out = {
         "tokens_per_die": cfg.tokens_per_die, "micro_batches": cfg.micro_batches, "layers_simulated": cfg.layers,

@@ -19,15 +19,16 @@ import numpy as np
 
 from cmemu.ems import EMSPool, prefix_keys
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_KIND_RECV, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, OP_KIND_RECV
 from cmemu.workload.deepseek import EXPERT_FFN, HEADS, HIDDEN, KV_LORA, LAYERS, Q_LORA, QK_NOPE, QK_ROPE, V_HEAD
 
-KV_BYTES_PER_TOKEN_LAYER = KV_LORA + QK_ROPE  # INT8 latent + rope key, SPEC.md 2.7
+KV_BYTES_PER_TOKEN_LAYER = KV_LORA + QK_ROPE  # INT8 latent + rope key, docs/machine.md 2.7
 EXPERTS_PER_TOKEN = 9  # 8 routed + the shared one
 
 

@@ -12,9 +12,10 @@ import click
 from cmemu.errors import CmemuError
 from cmemu.faults import parse_failures
 from cmemu.lower.fabric import build_fabric
-from cmemu.scenarios.common import parse_sizes, scenario_command
+from cmemu.scenarios.common import scenario_command
 from cmemu.scenarios.ub_p2p import all_to_all
 from cmemu.topology import build_topology
+from cmemu.units import parse_sizes
 
 
 def fault_sets(spec):

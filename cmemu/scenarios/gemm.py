@@ -1,6 +1,6 @@
 """gemm: grouped GEMM on one die, timed by the die model's tile schedule.
 
-Default workload: the shapes and groups of [CM] v2 table 10 (SPEC.md 3), INT8 inputs and BF16
+Default workload: the shapes and groups of [CM] v2 table 10 (docs/machine.md 3), INT8 inputs and BF16
 output, base tile 128 x 152, on all 24 AIC of one Ascend 910C die. For each shape it prints the
 time, the cube utilisation (useful MACs over what the cores could do in that time), the HBM
 traffic rate (reads that missed L2 plus the output written back) and where the time went.

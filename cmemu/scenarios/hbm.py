@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import click
 
-from cmemu.scenarios.common import parse_sizes, scenario_command
+from cmemu.scenarios.common import scenario_command
+from cmemu.units import parse_sizes
 
 DEFAULT_SIZES = "32,64,128,256,512,4K,64K,1M"
 

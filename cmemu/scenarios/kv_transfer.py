@@ -1,4 +1,4 @@
-"""kv-transfer: moving a request's KV cache from a prefill die to a decode die (SPEC.md 2.8).
+"""kv-transfer: moving a request's KV cache from a prefill die to a decode die (docs/machine.md 2.8).
 
 CloudMatrix-Infer moves each request's KV cache once, prefill -> decode, over the RDMA plane
 (200 Gb/s per die). For each prompt length, the KV cache of all ``--layers`` layers (576 INT8
@@ -11,13 +11,15 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
 from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
-from cmemu.scenarios.common import parse_sizes, scenario_command
+from cmemu.scenarios.common import scenario_command
 from cmemu.scenarios.ems import KV_BYTES_PER_TOKEN_LAYER
 from cmemu.topology import build_topology
+from cmemu.units import parse_sizes
+from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 from cmemu.workload.deepseek import LAYERS
 
 

@@ -6,7 +6,7 @@ bound the attention is nearer to: its cube time (busy cycles per core) or its HB
 the HBM model's achieved bandwidth); and how FusedInferAttentionScore split the attention: the
 AICs it used and the rows (request x M tile) it split over cores (FlashDecode) with their
 largest number of splits. The defaults give one configuration of each kind: 128 heads per die
-(as in DP attention, SPEC.md 2.8) reuse each cached byte 128 times (compute-bound); 16 heads (as
+(as in DP attention, docs/machine.md 2.8) reuse each cached byte 128 times (compute-bound); 16 heads (as
 after a tensor-parallel split over 8 dies) reuse it 16 times (memory-bound).
 ``--queries-per-request 2`` is MTP decode: each request's two query tokens share its KV reads.
 """

@@ -1,4 +1,4 @@
-"""dispatch / combine: MoE token dispatch and combine across an EP group (SPEC.md 2.5).
+"""dispatch / combine: MoE token dispatch and combine across an EP group (docs/machine.md 2.5).
 
 Each of the first EP dies of the system holds ``--experts`` / EP experts (contiguous blocks) and
 ``--tokens`` tokens; every token goes to ``--top-k`` distinct experts drawn from a seeded

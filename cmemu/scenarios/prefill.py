@@ -22,8 +22,8 @@ import click
 import numpy as np
 
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
-from cmemu.scenarios.decode import _exposed, _union
 from cmemu.errors import CmemuError
+from cmemu.scenarios.decode import step_exposed_comm_ps
 from cmemu.trace.deepseek import PrefillConfig
 from cmemu.trace.ems_fetch import prefill_step
 from cmemu.workload.deepseek import DENSE_LAYERS, LAYERS
@@ -99,11 +99,7 @@ def prefill_metrics(cfg: PrefillConfig, result, model=None) -> tuple[dict, dict]
     ems = classes == "ems_gather"
     if ems.any() and dense_sim < 2:
         dense_ps = None  # layer 0 waits for the EMS fetch: its time is no dense layer's (simulate 3 layers)
-    exposed = []
-    for r in range(cfg.ep):
-        mine = rank == r
-        exposed.append(_exposed(_union(start[mine & is_comm], end[mine & is_comm]),
-                                _union(start[mine & is_compute], end[mine & is_compute])))
+    exposed = step_exposed_comm_ps(rank, is_comm, is_compute, start, end, cfg.ep)
     npus = cfg.ep / 2
     tokens = cfg.prompt_tokens_per_step
     out = {

@@ -1,6 +1,6 @@
 """ub-p2p: point-to-point bandwidth and latency over UB, and an all-to-all.
 
-The shape of [CM] table 1 (SPEC.md 3): for reads and writes from die 0 to another die in its node
+The shape of [CM] table 1 (docs/machine.md 3): for reads and writes from die 0 to another die in its node
 (die 2: another NPU, so the path turns at an L1 chip), to a die in the next node (L1 -> L2 -> L1),
 and to a CPU in either node, per message size:
 
@@ -20,12 +20,14 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
-from cmemu.lower import OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_ATOMIC, MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
-from cmemu.scenarios.common import parse_sizes, scenario_command
+from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
+from cmemu.units import parse_sizes
+from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE, OP_KIND_RECV, OP_KIND_SEND
 
 DEFAULT_SIZES = "64,256,512,1K,4K,16K,64K,256K,1M"
 BANDWIDTH_BYTES = 4 * 2**20  # at least this much data in the larger bandwidth run

@@ -1,4 +1,4 @@
-"""The die: one Ascend 910C die, the unit software sees as a rank (SPEC.md sections 2.1-2.3).
+"""The die: one Ascend 910C die, the unit software sees as a rank (docs/machine.md sections 2.1-2.3).
 
 Units in every field name; provenance in ``sources`` (filled from the ascend910c preset).
 """
@@ -12,7 +12,7 @@ from cmemu.spec.common import _frozen_map, _require_positive
 
 @dataclass(frozen=True)
 class DieSpec:
-    """One Ascend 910C die: the unit software sees as a rank (SPEC.md section 2.1)."""
+    """One Ascend 910C die: the unit software sees as a rank (docs/machine.md section 2.1)."""
 
     aic_cores: int
     aiv_cores: int
@@ -25,7 +25,7 @@ class DieSpec:
     hbm_read_latency_cycles: int
     hbm_write_latency_cycles: int
     l2_cache_mib: int
-    # Inside a core (SPEC.md 2.2): buffers bound tile sizes, pipes move bytes at these rates.
+    # Inside a core (docs/machine.md 2.2): buffers bound tile sizes, pipes move bytes at these rates.
     l1_buffer_kib: int
     l0a_buffer_kib: int
     l0b_buffer_kib: int
@@ -44,11 +44,11 @@ class DieSpec:
     mte3_byte_per_cycle: int
     mte3_startup_cycles: int
     cross_core_flag_latency_cycles: int
-    # L2 cache (SPEC.md 2.1).
+    # L2 cache (docs/machine.md 2.1).
     l2_line_byte: int
     l2_hit_latency_cycles: int
     l2_to_hbm_bandwidth_ratio: float
-    # HBM organisation and timings (SPEC.md 2.1, 2.3).
+    # HBM organisation and timings (docs/machine.md 2.1, 2.3).
     hbm_stacks: int
     hbm_channels_per_stack: int
     hbm_pseudo_channels_per_channel: int

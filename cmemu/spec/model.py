@@ -12,9 +12,9 @@ from typing import Mapping
 
 from cmemu.spec.common import _frozen_map, _require_positive
 from cmemu.spec.die import DieSpec
+from cmemu.vocab import LOAD_BALANCING
 
 
-LOAD_BALANCING = ("spray", "hash")
 # Endpoints (dies and CPUs) are uint16 in the lowered messages; links are int32, and the topology
 # and fabric hold a few hundred bytes for each.
 MAX_ENDPOINTS = 2**16 - 1
@@ -113,7 +113,7 @@ class RDMASpec:
 
 @dataclass(frozen=True)
 class VPCSpec:
-    """The VPC plane: Ethernet through each node's DPU (SPEC.md 1, 2.6)."""
+    """The VPC plane: Ethernet through each node's DPU (docs/machine.md 1, 2.6)."""
 
     node_rate_gbit_per_s: float
     host_link_gbyte_per_s: float
@@ -133,7 +133,7 @@ class VPCSpec:
 
 @dataclass(frozen=True)
 class EMSSpec:
-    """The Elastic Memory Service pool (SPEC.md 2.6) and model storage."""
+    """The Elastic Memory Service pool (docs/machine.md 2.6) and model storage."""
 
     block_tokens: int
     dram_gbyte_per_cpu: float
@@ -147,7 +147,7 @@ class EMSSpec:
 
 @dataclass(frozen=True)
 class CommSpec:
-    """The die's communication engines (SPEC.md 2.5): SDMA engines and AIV-Direct."""
+    """The die's communication engines (docs/machine.md 2.5): SDMA engines and AIV-Direct."""
 
     sdma_engines: int
     sdma_descriptor_startup_ns: float

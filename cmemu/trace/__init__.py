@@ -6,7 +6,6 @@ Usage::
     trace = load_trace("traces/examples/pingpong.json", num_ranks=spec.dies)
 """
 from cmemu.trace.ir import (
-    NODE_TYPES,
     Node,
     Trace,
     check_trace,
@@ -17,6 +16,7 @@ from cmemu.trace.ir import (
     schema_path,
     stream_predecessors,
 )
+from cmemu.vocab import NODE_TYPES
 
 __all__ = [
     "NODE_TYPES",

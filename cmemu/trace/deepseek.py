@@ -1,11 +1,11 @@
 """Trace generator: one decode step (``decode_trace``) or one prefill step (``prefill_trace``, below)
 of DeepSeek-R1 in the CloudMatrix-Infer deployment.
 
-DeepSeek-R1 (SPEC.md 2.7, [DSV3]): hidden 7168, 61 layers (the first 3 dense, FFN 18432), 256
+DeepSeek-R1 (docs/machine.md 2.7, [DSV3]): hidden 7168, 61 layers (the first 3 dense, FFN 18432), 256
 routed experts + 1 shared, top-8, expert FFN 2048, 128 heads, MLA with q_lora_rank 1536,
 kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128, vocab 129280, one MTP module.
 
-The deployment (SPEC.md 2.8): every die of the EP group serves its own requests (DP for
+The deployment (docs/machine.md 2.8): every die of the EP group serves its own requests (DP for
 attention) and holds one expert (EP for MoE). Per layer and micro-batch, on each die:
 
 - stream 0 (16 AIC + 32 AIV): MLAProlog (RMSNorm, Q down/up projections, KV down projection,
@@ -19,7 +19,7 @@ With two micro-batches, micro-batch 1's attention runs while micro-batch 0 is in
 The first three layers are dense (an FFN of 18432 on the die's own tokens, on stream 1). With
 MTP, each request decodes its token plus one speculative token (twice the tokens per step) and
 one extra layer runs at the end; sampling is the LM head and a softmax. ``tokens_per_die`` counts
-every token a die processes in the step (SPEC.md 2.8: up to 96), speculative ones included.
+every token a die processes in the step (docs/machine.md 2.8: up to 96), speculative ones included.
 
 Simplifications (docs/model.md): the shared expert is treated as a ninth expert of the routing
 (CloudMatrix-Infer places 32 copies of it among the 320 EP ranks); the LM head runs on each die
@@ -102,7 +102,7 @@ def preset_model():
 
 
 def decode_deployment(cfg: DecodeConfig):
-    """CloudMatrix-Infer's decode deployment (SPEC.md 2.8) with ``cfg``'s options: one expert
+    """CloudMatrix-Infer's decode deployment (docs/machine.md 2.8) with ``cfg``'s options: one expert
     slot per die (at EP320: 256 routed experts, 32 copies of the shared expert, 32 redundant),
     the shared expert drawn as a ninth destination of the routing, attention on 16 AIC + 32 AIV
     and the MoE on 8 AIC + 16 AIV of each die."""
@@ -130,13 +130,13 @@ def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
 
 # --- Prefill -------------------------------------------------------------------------------------
 
-PREFILL_EXPERTS_PER_DIE = 10  # SPEC.md 2.8: 8 routed + 1 shared + 1 redundant per die at EP32
+PREFILL_EXPERTS_PER_DIE = 10  # docs/machine.md 2.8: 8 routed + 1 shared + 1 redundant per die at EP32
 KV_LATENT = KV_LORA + QK_ROPE  # 576 values per token per layer in the KV cache
 
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    """One prefill step of DeepSeek-R1 in CloudMatrix-Infer (SPEC.md 2.8).
+    """One prefill step of DeepSeek-R1 in CloudMatrix-Infer (docs/machine.md 2.8).
 
     ``requests`` prompts of ``prompt_len`` tokens each; ``reuse`` is the share of each prompt
     whose KV cache comes from the EMS context cache (not recomputed, but fetched);
@@ -209,7 +209,7 @@ class PrefillConfig:
 
 
 def prefill_deployment(cfg: PrefillConfig):
-    """CloudMatrix-Infer's prefill deployment (SPEC.md 2.8) with ``cfg``'s options: 10 expert
+    """CloudMatrix-Infer's prefill deployment (docs/machine.md 2.8) with ``cfg``'s options: 10 expert
     slots per die (at EP32: 8 routed, 1 shared, 1 redundant), the shared expert drawn as a ninth
     destination of the routing, every op on all the die's cores."""
     from cmemu.models.step import PrefillDeployment

@@ -40,7 +40,7 @@ from cmemu.ems import EMSPool, prefix_keys
 from cmemu.errors import CmemuError
 from cmemu.workload.deepseek import KV_LORA, LAYERS, QK_ROPE
 
-KV_LATENT = KV_LORA + QK_ROPE  # values per token and layer in the KV cache (SPEC.md 2.7)
+KV_LATENT = KV_LORA + QK_ROPE  # values per token and layer in the KV cache (docs/machine.md 2.7)
 
 EMS_PLANES = ("ub", "vpc")
 EMS_OPS = ("ems_fetch", "ems_gather", "ssd_read")  # the names' last parts (ems.mb0.ems_fetch, ...)

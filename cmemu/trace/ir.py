@@ -32,10 +32,10 @@ import numpy as np
 
 from cmemu.errors import TraceError
 from cmemu.units import ns_to_ps  # noqa: F401 (re-exported)
+from cmemu.vocab import COMP_DTYPES, COMP_OPS, COMP_SHAPE_ATTRS, COMP_UNITS, MEM_PLANES, NODE_TYPES, PLANES
 
 SCHEMA = "cmemu.trace"
 VERSION = 1
-NODE_TYPES = ("COMP", "COMM_SEND", "COMM_RECV", "MEM_LOAD", "MEM_STORE", "COMM_COLL")
 _NODE_TYPE_SET = frozenset(NODE_TYPES)
 _NODE_TYPE_OWN = {t: t for t in NODE_TYPES}  # the module's own string for each type (see _own)
 # Chakra node types that cmemu knows of but cannot run yet: named in the error, not "unknown".
@@ -49,38 +49,6 @@ MOE_KERNELS = ("low_latency", "normal")  # cmemu.lower.moe.KERNELS: the fused ke
 # Attributes that must agree between the members of one collective.
 _COLL_SHARED = ("comm_type", "comm_size", "cmemu.root", "cmemu.tokens", "cmemu.top_k", "cmemu.hidden",
                 "cmemu.payload_bytes", "cmemu.experts", "cmemu.skew", "cmemu.seed", "cmemu.kernel")
-
-COMP_UNITS = ("aic", "aiv")
-COMP_DTYPES = ("bf16", "fp16", "int8", "fp32")
-# Operators a COMP may name with cmemu.op: (unit whose cores cmemu.cores counts, required shape
-# attributes, optional ones). The die model (cmemu/die) lowers each to a tile schedule.
-_ROWS_COLS = ("aiv", ("cmemu.rows", "cmemu.cols"), ())
-COMP_OPS = {
-    "gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k"), ("cmemu.tile_m", "cmemu.tile_n")),
-    "grouped_gemm": ("aic", ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups"), ("cmemu.tile_m", "cmemu.tile_n")),
-    "mla_decode": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads", "cmemu.queries_per_request")),
-    "mla_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads", "cmemu.queries_per_request")),
-    "mla_prefill": ("aic", ("cmemu.tokens",), ("cmemu.heads",)),
-    "mla_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len"), ("cmemu.heads",)),
-    "gqa_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads", "cmemu.head_dim"),
-                      ("cmemu.queries_per_request",)),
-    "gqa_prefill_attention": ("aic", ("cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads",
-                                      "cmemu.head_dim"), ()),
-    "rmsnorm": _ROWS_COLS,
-    "rope": _ROWS_COLS,
-    "swiglu": _ROWS_COLS,
-    "softmax": _ROWS_COLS,
-    "quant_int8": _ROWS_COLS,
-}
-# Ops that run on clusters of 1 AIC + 2 AIV: cmemu.cores counts the AIC, each holds its 2 AIV.
-CLUSTER_OPS = frozenset({"mla_decode", "mla_attention", "mla_prefill", "mla_prefill_attention", "gqa_attention",
-                         "gqa_prefill_attention"})
-COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile_m", "cmemu.tile_n",
-                    "cmemu.tokens", "cmemu.kv_len", "cmemu.heads", "cmemu.kv_heads", "cmemu.head_dim",
-                    "cmemu.queries_per_request", "cmemu.rows",
-                    "cmemu.cols")
-COMM_PLANES = ("ub", "rdma", "vpc")
-MEM_PLANES = ("ub", "vpc")  # a CPU is on UB and the VPC plane, not on RDMA
 
 # JSON numbers beyond 2**53 are not exact in a double, so no tool chain can be trusted with them.
 MAX_INT = 2**53
@@ -563,13 +531,13 @@ _ATTR_CHECKS = {
         "comm_dst": _as_size,
         "comm_size": _as_size,
         "comm_tag": _as_size,
-        "cmemu.plane": _as_choice(COMM_PLANES),
+        "cmemu.plane": _as_choice(PLANES),
     },
     "COMM_RECV": {
         "comm_src": _as_size,
         "comm_size": _as_size,
         "comm_tag": _as_size,
-        "cmemu.plane": _as_choice(COMM_PLANES),
+        "cmemu.plane": _as_choice(PLANES),
     },
     # cmemu.src_cpu: a load from that CPU socket's DRAM (the EMS pool) over UB or the VPC plane.
     "MEM_LOAD": {"tensor_size": _as_size, "cmemu.src_cpu": _as_size, "cmemu.plane": _as_choice(MEM_PLANES)},

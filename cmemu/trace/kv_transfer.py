@@ -2,7 +2,7 @@
 
 ``add_kv_transfer(doc, cfg, dies, decode_dp)`` adds, after each request's last layer, its KV
 cache written from one die of its attention TP group to its decode die over the RDMA plane
-(SPEC.md 2.8, [CM] 4.3.3). Decode runs attention data-parallel over ``decode_dp`` dies (TP 1),
+(docs/machine.md 2.8, [CM] 4.3.3). Decode runs attention data-parallel over ``decode_dp`` dies (TP 1),
 placed on the dies after the prefill group's (die ``cfg.ep + d`` for DP rank d, wrapping round
 the system when it has fewer). Requests go to decode DP ranks in order (request k of the step to
 rank k mod decode_dp), and the paper's mapping picks the prefill TP rank that sends: with

@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 DISPATCH_SCALE_BYTE = 4  # the per-token fp32 scale written beside the INT8 token
-DISPATCH_ALIGN_BYTE = 512  # token slots are padded to 512 B: 7,168 + 4 -> 7,680 (SPEC.md 2.5)
+DISPATCH_ALIGN_BYTE = 512  # token slots are padded to 512 B: 7,168 + 4 -> 7,680 (docs/machine.md 2.5)
 
 
 def dispatch_payload_byte(hidden: int) -> int:

@@ -479,7 +479,7 @@ class _Builder:
     def _cores(self, k: Kernel, op) -> int | None:
         if self.die_cores is None or not k.block_dim or k.core not in ("aic", "aiv"):
             return None
-        from cmemu.trace.ir import CLUSTER_OPS, COMP_OPS
+        from cmemu.vocab import CLUSTER_OPS, COMP_OPS
 
         unit = COMP_OPS[op["cmemu.op"]][0] if op else k.core
         aic, aiv = self.die_cores

@@ -1,10 +1,9 @@
-"""Review of the message-level fabric (``--fabric message``) and the engine changes that came with
-it: invariants of the reservations on mixed traffic (reads, CPU sinks, D2D, RDMA, VPC, zero-byte
-messages, failures from the start), native == reference, the look-ahead, the link calendar
-(``cal_take``) against brute force, op_message_lists' counting sort, and the packet model's
-results bit-identical to before these commits. The last three tests are bugs the review found,
-since fixed: a CPU's sink and a packet-level read use idle time before reservations, and the
-look-ahead waits while reads are outstanding."""
+"""The message-level fabric (``--fabric message``) on mixed traffic: the invariants of the
+reservations (reads, CPU sinks, D2D, RDMA, VPC, zero-byte messages, failures from the start),
+native == reference, the look-ahead, the link calendar (``cal_take``) against brute force,
+op_message_lists' counting sort, and the packet model's results as digests. The last three tests
+hold rules once broken: a CPU's sink and a packet-level read use idle time before reservations,
+and the look-ahead waits while reads are outstanding."""
 import dataclasses
 import hashlib
 from types import SimpleNamespace
@@ -15,12 +14,13 @@ import pytest
 from cmemu._core import op_message_lists
 from cmemu.errors import SimulationError
 from cmemu.faults import parse_failures
-from cmemu.lower import OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND, lowered_from_parts
+from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import MSG_READ, MSG_WRITE, build_fabric
+from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
+from cmemu.vocab import MSG_READ, MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 
 ONE_PLANE = ["ub.sub_planes=1", "ub.die_ports=1", "ub.cpu_ports=1"]
 
@@ -399,7 +399,7 @@ def test_op_message_lists_counting_sort(seed):
     assert np.array_equal(idx, want_idx) and idx.dtype == np.int32
 
 
-# -- bugs the review found (fixed) ---------------------------------------------------------------
+# -- rules once broken ------------------------------------------------------------------------------
 
 def test_cpu_sink_uses_idle_time(one_plane):
     # As test_message_fabric.test_idle_time_is_used, but into a CPU (a sink rate): die 20 (other

@@ -1,4 +1,4 @@
-"""The DeepEP-Ascend normal-mode table (SPEC.md 3; sgl-kernel-npu README: 4,096 tokens per rank,
+"""The DeepEP-Ascend normal-mode table (docs/machine.md 3; sgl-kernel-npu README: 4,096 tokens per rank,
 hidden 7,168, top-8 of 256 experts, INT8 dispatch, BF16 combine, on a CloudMatrix384): the
 quantity its tests print, from cmemu's fused-kernel model with the AIV start-ups calibrated once
 on EP 8-32 (tools/calibrate_aiv.py). The tolerance is the fit's own residual at EP8 (dispatch
