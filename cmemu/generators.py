@@ -27,17 +27,20 @@ class Generator:
         return {o.name: o.param() for o in self.options}
 
 
-def _deepseek_r1(spec, phase, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse, micro_batches, mtp,
-                 mtp_acceptance, int8, dispatch_engine, skew, layers, seed, lm_head_tp):
-    from cmemu.trace.deepseek import (DecodeConfig, PrefillConfig, decode_deployment, decode_trace, preset_model,
-                                      prefill_trace)
+def _deepseek_r1(spec, phase, ep, tokens_per_die, kv_len, prompt_len, requests, attn_tp, reuse, ems_plane, pool_nodes,
+                 ems_fetch, kv_transfer, decode_dp, micro_batches, mtp, mtp_acceptance, int8, dispatch_engine, skew,
+                 layers, seed, lm_head_tp):
+    from cmemu.trace.deepseek import DecodeConfig, PrefillConfig, decode_deployment, decode_trace, preset_model
+    from cmemu.trace.ems_fetch import prefill_step
 
     if phase == "prefill":
         cfg = PrefillConfig(ep=ep or 32, prompt_len=prompt_len, requests=requests, attn_tp=attn_tp,
                             micro_batches=int(micro_batches), int8=int8, reuse=reuse,
                             dispatch_engine=dispatch_engine or "sdma", skew=skew, layers=layers, seed=seed)
-        doc = prefill_trace(cfg, spec.name, spec.dies)
+        cfg, doc = prefill_step(cfg, spec, ems_plane, pool_nodes, kv_transfer, decode_dp, ems_fetch == "layerwise")
         what = f"{cfg.requests} request(s) x {cfg.prompt_len} tokens"
+        if cfg.reused_tokens:
+            what += f", {cfg.reused_tokens} reused ({'in HBM' if ems_plane == 'hbm' else 'EMS over ' + ems_plane.upper()})"
     else:
         cfg = DecodeConfig(ep=ep or min(320, spec.dies), tokens_per_die=tokens_per_die, kv_len=kv_len,
                            micro_batches=int(micro_batches), mtp=mtp, mtp_acceptance=mtp_acceptance, int8=int8,
@@ -109,6 +112,17 @@ GENERATORS = {g.name: g for g in (
                help="Prefill: dies that split one request's attention heads (SP -> TP -> SP)."),
             _o("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
                help="Prefill: EMS context-cache reuse rate (share of each prompt's KV fetched, not recomputed)."),
+            _o("--ems-plane", type=click.Choice(["ub", "vpc", "hbm"]), default="ub", show_default=True,
+               help="Prefill: where reused KV comes from: the EMS pool over UB or the VPC plane (fetch ops added, "
+                    "reuse rounded down to whole blocks), or already in HBM."),
+            _o("--pool-nodes", type=click.IntRange(min=1), default=None,
+               help="Prefill: nodes whose CPUs form the EMS pool [default: all]."),
+            _o("--ems-fetch", type=click.Choice(["whole", "layerwise"]), default="whole", show_default=True,
+               help="Prefill: the EMS fetch waited for whole before layer 0, or read and waited for layer by layer."),
+            _o("--kv-transfer", is_flag=True, default=False,
+               help="Prefill: add each request's KV cache sent to its decode die over RDMA after its last layer."),
+            _o("--decode-dp", type=click.IntRange(min=1), default=320, show_default=True,
+               help="Prefill with --kv-transfer: decode DP ranks (one die each, after the prefill dies)."),
             _o("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True),
             _o("--mtp/--no-mtp", default=True, show_default=True),
             _o("--mtp-acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True),

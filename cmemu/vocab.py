@@ -48,6 +48,7 @@ COMP_SHAPE_ATTRS = ("cmemu.m", "cmemu.n", "cmemu.k", "cmemu.groups", "cmemu.tile
                     "cmemu.queries_per_request", "cmemu.rows", "cmemu.cols")
 # A message's plane (cmemu.plane), as a code: an index into this.
 PLANES = ("ub", "rdma", "vpc")
+MEM_PLANES = ("ub", "vpc")  # a MEM_LOAD from a CPU (cmemu.src_cpu): a CPU is on UB and VPC, not RDMA
 
 # -- the engine (mirrored in cmemu/_core/vocab.pxd) ---------------------------------------------
 # Op kinds: how the engine runs an op (a trace node's type, or a collective's internal op).

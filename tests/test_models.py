@@ -247,7 +247,8 @@ def test_decode_attention_tensor_parallel_shapes_by_hand():
     (["--layers", "2"], ["--layers", "2"]),
     # The preset's 10 slots per die at EP32 (8 routed, the shared one, a redundant one) are its
     # own choice: the generator's default would be the 9 that 257 experts need.
-    (["--phase", "prefill", "--layers", "4", "--reuse", "0.25"],
+    # (The reused KV already in HBM: the EMS fetch is a pass of the preset's, issue 21.)
+    (["--phase", "prefill", "--layers", "4", "--reuse", "0.25", "--ems-plane", "hbm"],
      ["--phase", "prefill", "--layers", "4", "--reuse", "0.25", "--experts-per-die", "10"]),
 ])
 def test_the_preset_is_the_model_generator_with_cloudmatrix_infer_defaults(tmp_path, preset_args, model_args):

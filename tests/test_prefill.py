@@ -233,7 +233,7 @@ def test_cli_trace_gen_prefill_and_decode(tmp_path):
     out = tmp_path / "p.json"
     res = runner.invoke(main, ["trace", "gen", "deepseek-r1", "--phase", "prefill", "-s", "mini", "--ep", "8",
                                "--attn-tp", "4", "--requests", "4", "--prompt-len", "256", "--reuse", "0.25",
-                               "--layers", "2", "-o", str(out)])
+                               "--ems-plane", "hbm", "--layers", "2", "-o", str(out)])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert doc["cmemu.generator"]["phase"] == "prefill" and doc["cmemu.generator"]["reuse"] == 0.25
@@ -252,12 +252,15 @@ def test_cli_trace_gen_prefill_and_decode(tmp_path):
 
 def test_scenario_command_prints_figures_with_units():
     res = CliRunner().invoke(main, ["scenario", "run", "prefill", "-s", "mini", "--ep", "8", "--attn-tp", "4",
-                                    "--requests", "4", "--prompt-len", "256", "--reuse", "0.25", "--json"])
+                                    "--requests", "4", "--prompt-len", "256", "--reuse", "0.5", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     row = doc["tables"]["prefill step"][0]
     for key in ("ttft_ms", "moe_layer_time_us", "dense_layer_time_us", "tokens_per_s_per_npu", "exposed_comm_us",
-                "ttft_61_layers_extrapolated_ms", "tokens_per_s_per_npu_61_layers_extrapolated"):
+                "ttft_61_layers_extrapolated_ms", "tokens_per_s_per_npu_61_layers_extrapolated", "ems_prefix_in_hbm_ms"):
         assert row[key] > 0
-    assert row["new_tokens_per_step"] == 4 * 192 and doc["parameters"]["reuse"] == 0.25
+    # The reused half is one 128-token EMS block, fetched over UB (the default); 3 layers with a fetch.
+    assert row["new_tokens_per_step"] == 4 * 128 and row["reused_tokens_per_prompt"] == 128
+    assert doc["parameters"]["reuse"] == 0.5 and doc["parameters"]["ems_plane"] == "ub"
+    assert row["layers_simulated"] == 3
     assert doc["tables"]["mean busy time per die by op class (us)"][0]["kv_fetch_us"] > 0

@@ -23,13 +23,14 @@ SMALL = {
                 "--layers", "2"],
     "faults": ["-s", "mini", "--a2a-dies", "4", "--a2a-bytes", "4K"],
     "ems": ["--prompt", "512", "--reuse", "0,0.5", "--layers", "2"],
-    "model-load": ["--instances", "8", "--sample-mbyte", "1"],
+    "model-load": ["-s", "mini", "--instances", "2", "--model-gbyte", "64", "--models", "3", "--switches", "6"],
+    "context-cache": ["-s", "mini", "--prompt-len", "256", "--tokens-per-npu", "128", "--reuse", "0,0.5"],
     "kv-transfer": ["--prompts", "1K", "--layers", "2"],
     "traffic": ["-s", "mini", "--load", "0.2,0.9", "--window-us", "2", "--fabric", "both"],
 }
 
 UNIT_SUFFIXES = ("_us", "_ms", "_ns", "_s", "_ps", "_byte", "_bytes", "_mbyte", "_gbyte_per_s", "_percent", "_pct",
-                 "_tokens", "_per_npu", "_per_die", "_per_rank", "_blocks")
+                 "_tokens", "_per_npu", "_per_die", "_per_rank", "_blocks", "_ratio", "_x_model")
 
 
 def test_every_scenario_has_small_options():
@@ -66,15 +67,29 @@ def test_kv_transfer_over_rdma_at_the_rdma_rate():
     assert rows[0]["ub_gbyte_per_s"] > 5 * rows[0]["rdma_gbyte_per_s"]
 
 
-def test_model_load_with_and_without_the_pool():
-    spec = load_system("cloudmatrix384")
-    params, rows = run_scenario("model-load", "cloudmatrix384", model_gbyte=671.0, instances=8, sample_mbyte=1)
-    by = {(r["start"], r["pool"]): r for r in rows}
-    obs_once = 671e9 / (spec.ems.object_storage_gbyte_per_s * 1e9)
-    assert by[("cold", "no")]["total_s"] == pytest.approx(8 * obs_once, rel=1e-3)  # every instance reads it
-    assert by[("cold", "yes")]["object_storage_s"] == pytest.approx(obs_once, rel=1e-3)  # read once
-    assert by[("warm", "yes")]["total_s"] < by[("cold", "yes")]["total_s"] < by[("cold", "no")]["total_s"]
-    # From the pool, each die's 7 GB shard at the simulated per-die rate.
-    shard = 671e9 / params["dies_per_instance"]
-    assert by[("warm", "yes")]["total_s"] == pytest.approx(
-        shard / (params["pool_read_gbyte_per_s_per_die"] * 1e9), rel=0.02)
+def test_model_load_strategies_by_hand():
+    # 64 GB into 2 instances of 16 dies (one node each) of mini: 4 GB a die, in 62 blocks.
+    spec = load_system("mini")
+    params, tables = run_scenario("model-load", "mini", model_gbyte=64.0, instances=2, models=3, switches=6)
+    start = {r["strategy"]: r for r in tables["start (all instances at once)"]}
+    obs_once = 64e9 / (spec.ems.object_storage_gbyte_per_s * 1e9)
+    assert start["no cache"]["cold_start_s"] == pytest.approx(2 * obs_once, abs=0.1)  # every instance reads it
+    assert start["EMS"]["cold_start_s"] == pytest.approx(obs_once + start["EMS"]["warm_start_s"], abs=0.1)
+    assert [start[s]["dram_used_x_model"] for s in ("no cache", "local DRAM cache", "EMS")] == [0.0, 2.0, 1.0]
+    # Warm from the local cache: each node's 16 dies read their blocks from its 4 CPUs (block j
+    # from CPU j mod 4), whose 160 GB/s of UB ports bind (4 KiB read responses, 28 B headers in
+    # 20 B flits): the CPU with the most blocks sets the time.
+    blocks = params["blocks_per_shard"]
+    most = 16 * -(-blocks // spec.cpus_per_node) * params["block_mbyte"] * 1e6
+    port = spec.ub.cpu_bandwidth_gbyte_per_s * 1e9 * 4096 / 4140
+    assert start["local DRAM cache"]["warm_start_s"] == pytest.approx(most / port, rel=0.02)
+    switching = {r["strategy"]: r for r in tables["model switching (one instance at a time)"]}
+    assert switching["no cache"]["hit_rate_percent"] == 0.0
+    assert switching["no cache"]["avg_switch_latency_s"] == pytest.approx(obs_once, abs=0.01)
+    # 3 models: the pool (8 x 128 GB) holds them all, and is shared: a model one instance loaded
+    # is a hit for the other. A node's cache is its own instance's.
+    assert switching["EMS"]["models_cached_in_pool"] == 16
+    assert switching["EMS"]["hit_rate_percent"] > 0
+    assert switching["EMS"]["hit_rate_percent"] >= switching["local DRAM cache"]["hit_rate_percent"]
+    # One instance alone reads from every socket of the pool, not only its node's: faster.
+    assert switching["EMS"]["hit_latency_s"] < switching["local DRAM cache"]["hit_latency_s"]

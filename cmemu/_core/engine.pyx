@@ -355,6 +355,7 @@ cdef class Engine:
     cdef const int64_t[::1] ep_write_lat
     cdef const int64_t[::1] ep_read_lat
     cdef const int64_t[::1] ep_sink_rate
+    cdef const int64_t[::1] ep_read_rate
     cdef const int32_t[::1] ep_max_out
     cdef const int64_t[::1] ep_issue
     cdef const int32_t[::1] ep_node
@@ -376,6 +377,7 @@ cdef class Engine:
     cdef int32_t[::1] ep_outstanding
     cdef int64_t[::1] ep_issue_free
     cdef int64_t[::1] ep_sink_free
+    cdef int64_t[::1] ep_read_free
     # Per initiator, a min-heap of the times its writes' acks come back: a window slot frees at
     # each, but nothing needs to happen then unless the window is full (then one wake-up).
     # Per initiator, the ack times of its packets in flight, sorted, in ack_heap[ep][ack_lo[ep]:]
@@ -573,6 +575,7 @@ cdef class Engine:
         self.ep_write_lat = F.ep_write_latency_ps
         self.ep_read_lat = F.ep_read_latency_ps
         self.ep_sink_rate = F.ep_sink_byte_per_s
+        self.ep_read_rate = F.ep_read_byte_per_s
         self.ep_max_out = F.ep_max_outstanding
         self.ep_issue = F.ep_issue_ps
         self.ep_node = F.ep_node
@@ -583,6 +586,7 @@ cdef class Engine:
         self.ep_outstanding = np.zeros(n_ini, dtype=np.int32)
         self.ep_issue_free = np.zeros(n_ini, dtype=np.int64)
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
+        self.ep_read_free = np.zeros(n_eps, dtype=np.int64)
         self.ep_wake_pending = np.zeros(n_ini, dtype=np.uint8)
         self.ep_wake_at = np.zeros(n_ini, dtype=np.int64)
         self.ini_msg_startup = F.ini_msg_startup_ps
@@ -2550,8 +2554,16 @@ cdef class Engine:
         if self.pkts[p].ptype == PKT_WRITE:
             self.write_absorbed(p, self.now + self.ep_write_lat[self.m_dst(m)])
         elif self.pkts[p].ptype == PKT_READ_REQ:
-            # A read reads the target's memory; an atomic reads, modifies and writes it.
-            t = self.now + self.ep_read_lat[self.m_src(m)]
+            # A read reads the target's memory (at its read rate, if it has one: one request after
+            # the other); an atomic reads, modifies and writes it.
+            s = self.m_src(m)
+            t = self.now
+            if self.ep_read_rate[s] > 0:
+                if self.ep_read_free[s] > t:
+                    t = self.ep_read_free[s]
+                t += serialisation_ps(self.pkts[p].payload, self.ep_read_rate[s])
+                self.ep_read_free[s] = t
+            t += self.ep_read_lat[s]
             if self.m_kind(m) == MSG_ATOMIC:
                 t += self.ep_write_lat[self.m_src(m)]
             self.push(t, EV_RESP_INJECT, p)

@@ -121,6 +121,7 @@ class Engine:
         self.ep_write_lat = F.ep_write_latency_ps.tolist()
         self.ep_read_lat = F.ep_read_latency_ps.tolist()
         self.ep_sink_rate = F.ep_sink_byte_per_s.tolist()
+        self.ep_read_rate = F.ep_read_byte_per_s.tolist()
         self.ep_max_out = F.ep_max_outstanding.tolist()
         self.ep_issue = F.ep_issue_ps.tolist()
         self.ep_node = F.ep_node.tolist()
@@ -129,6 +130,7 @@ class Engine:
         self.ep_outstanding = [0] * n_ini
         self.ep_issue_free = [0] * n_ini
         self.ep_sink_free = [0] * n_eps
+        self.ep_read_free = [0] * n_eps
         self.ack_heap = [[] for _ in range(n_ini)]
         self.ep_wake_pending = [False] * n_ini
         self.ep_wake_at = [0] * n_ini
@@ -963,7 +965,12 @@ class Engine:
         if pk.ptype == PKT_WRITE:
             self.write_absorbed(p, self.now + self.ep_write_lat[self.msg_dst[m]])
         elif pk.ptype == PKT_READ_REQ:
-            t = self.now + self.ep_read_lat[self.msg_src[m]]
+            src = self.msg_src[m]
+            t = self.now
+            if self.ep_read_rate[src] > 0:  # the target's memory serves reads one after the other
+                t = max(t, self.ep_read_free[src]) + serialisation_time_ps(pk.payload, self.ep_read_rate[src])
+                self.ep_read_free[src] = t
+            t += self.ep_read_lat[src]
             if self.msg_kind[m] == MSG_ATOMIC:
                 t += self.ep_write_lat[self.msg_src[m]]
             self.push(t, EV_RESP_INJECT, p)

@@ -146,8 +146,11 @@ class Lowered:
         cut["op_npred"] = np.bincount(head[keep_edge], minlength=nt).astype(np.int32)
         if keep.size:
             kept = np.flatnonzero(keep)  # the new id of a kept message is its place among them
-            om = np.maximum(self.op_msg[:nt], 0)
-            cut["op_msg"] = np.where((self.op_msg[:nt] >= 0) & keep[om], np.searchsorted(kept, om), -1).astype(np.int32)
+            # An op's message may lie past the kept columns (a load from a CPU's memory: a read with
+            # no send op, which /messages does not list).
+            named = (self.op_msg[:nt] >= 0) & (self.op_msg[:nt] < keep.size)
+            om = np.where(named, self.op_msg[:nt], 0)
+            cut["op_msg"] = np.where(named & keep[om], np.searchsorted(kept, om), -1).astype(np.int32)
         view = dataclasses.replace(self, succ_ptr=succ_ptr, succ_idx=head[keep_edge], **cut)
         return view, keep
 
@@ -275,6 +278,10 @@ def _node_columns(trace, die) -> tuple[dict, tuple, list]:
             if cost is not None:
                 table["hbm"][s] = cost.hbm_byte
                 rows = _pipe_tasks(cost, die)
+        elif node.type == "MEM_LOAD" and "cmemu.src_cpu" in node.attrs and nbytes:
+            # From a CPU's memory: a read message the die's DMA engines issue (_trace_messages),
+            # carried by the op as a receive; it writes into HBM at the fabric's rate.
+            table["kind"][s] = OP_KIND_RECV
         elif kind == OP_KIND_MEM:
             table["hbm"][s] = nbytes
             table["dur"][s] = hbm_service_ps(nbytes, die, store=node.type == "MEM_STORE")
@@ -335,8 +342,11 @@ def lower(trace, topo: Topology, fill_messages: bool = True) -> Lowered:
 
 def _trace_messages(trace, topo, rank) -> dict:
     """The trace's own messages (matched COMM_SEND/COMM_RECV pairs, in the sends' file order) as
-    Lowered.msg_* arrays: each carried by its send and its receive op."""
-    from cmemu.vocab import PLANES
+    Lowered.msg_* arrays: each carried by its send and its receive op; then one read message per
+    MEM_LOAD from a CPU's memory (``cmemu.src_cpu``), from the CPU to the op's die, carried by the
+    op alone (no send op: the die's DMA engines read it)."""
+    from cmemu.errors import TraceError
+    from cmemu.vocab import MSG_READ, PLANES
 
     nodes = trace.nodes
     send, recv = trace.graph.messages[:, 0], trace.graph.messages[:, 1]
@@ -344,6 +354,18 @@ def _trace_messages(trace, topo, rank) -> dict:
     table = MessageTable()
     table.add_many(topo, rank[send], rank[recv], np.array([a["comm_size"] for a in attrs], dtype=np.int64), send,
                    recv, plane=np.array([PLANES.index(a.get("cmemu.plane", "ub")) for a in attrs], dtype=np.int64))
+    loads = [i for i, node in enumerate(nodes) if node.type == "MEM_LOAD" and "cmemu.src_cpu" in node.attrs
+             and node.attrs["tensor_size"]]
+    if loads:
+        for i in loads:
+            if nodes[i].attrs["cmemu.src_cpu"] >= topo.num_cpus:
+                raise TraceError(trace.path, f"CPU {nodes[i].attrs['cmemu.src_cpu']} is outside the system: "
+                                 f"{topo.spec.name} has CPUs 0..{topo.num_cpus - 1}", nodes[i].id, "cmemu.src_cpu")
+        la = [nodes[i].attrs for i in loads]
+        loads = np.asarray(loads, dtype=np.int64)
+        table.add_many(topo, topo.spec.dies + np.array([a["cmemu.src_cpu"] for a in la], dtype=np.int64), rank[loads],
+                       np.array([a["tensor_size"] for a in la], dtype=np.int64), np.full(loads.size, -1), loads,
+                       kind=MSG_READ, plane=np.array([PLANES.index(a.get("cmemu.plane", "ub")) for a in la]))
     return table.arrays()
 
 

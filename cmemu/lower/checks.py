@@ -62,12 +62,17 @@ def collective_problem(attrs: dict, die, members: int, limit_bytes: int | None) 
 
 def node_checker(spec, groups=None, limit_bytes: int | None = None):
     """The system's checks of a node, for ``cmemu.trace.ir``'s ``node_check``: a function
-    ``(type, attrs) -> [(field, message)]`` for COMP and COMM_COLL nodes."""
+    ``(type, attrs) -> [(field, message)]`` for COMP, COMM_COLL and MEM_LOAD nodes."""
     die = spec.die
     sizes = {name: len(ranks) for name, ranks in groups.items() if isinstance(ranks, list)} \
         if isinstance(groups, dict) else {}
 
     def check(ntype, attrs):
+        if ntype == "MEM_LOAD":
+            cpu = attrs.get("cmemu.src_cpu")
+            if cpu is not None and cpu >= spec.cpus:
+                return [("cmemu.src_cpu", f"CPU {cpu} is outside the system: {spec.name} has CPUs 0..{spec.cpus - 1}")]
+            return []
         if ntype == "COMP":
             problem = comp_problem(attrs, die)
         else:

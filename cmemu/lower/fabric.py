@@ -80,6 +80,7 @@ class Fabric:
     ep_write_latency_ps: np.ndarray  # int64 [E]: as a target: data written to memory
     ep_read_latency_ps: np.ndarray  # int64 [E]: as a target: data read from memory
     ep_sink_byte_per_s: np.ndarray  # int64 [E]: rate writes are absorbed, 0 = not limiting
+    ep_read_byte_per_s: np.ndarray  # int64 [E]: rate its memory serves reads (in arrival order), 0 = not limiting
     # Initiators: the endpoints' own (a die's DMA, a CPU), then every die's vector cores
     # (aiv_initiator), I = E + dies x aiv_per_die of them. An AIV's remote reads and writes are
     # issued by its MTE2/MTE3 (AIV-Direct), not by the die's DMA engines.
@@ -213,6 +214,9 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
     ep_read = np.where(is_die, round(die.hbm_read_latency_cycles * cycle_ps), ns_to_ps(ub.cpu_memory_read_latency_ns))
     # A die absorbs writes into HBM at 1.6 TB/s, far above its 196 GB/s of UB: not limiting.
     ep_sink = np.where(is_die, 0, round(ub.cpu_memory_write_gbyte_per_s * 1e9)).astype(np.int64)
+    # Likewise a die serves reads from HBM far above its UB rate; a CPU from its DRAM at its own
+    # rate, one read packet after the other: dies reading one socket queue there (the EMS pool).
+    ep_read_rate = np.where(is_die, 0, round(ub.cpu_memory_read_gbyte_per_s * 1e9)).astype(np.int64)
     # Initiators: the endpoints' own, then each die's AIVs (aiv_initiator).
     A = die.aiv_cores
     n_ini = E + topo.num_dies * A
@@ -255,6 +259,7 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
         ep_write_latency_ps=ep_write.astype(np.int64),
         ep_read_latency_ps=ep_read.astype(np.int64),
         ep_sink_byte_per_s=ep_sink,
+        ep_read_byte_per_s=ep_read_rate,
         ep_startup_ps=startup,
         ep_max_outstanding=max_out,
         ep_issue_ps=issue,

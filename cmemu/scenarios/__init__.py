@@ -21,6 +21,8 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "model-load": ("cmemu.scenarios.model_load", "cold/warm start of a model into N instances, with and without EMS"),
     "kv-transfer": ("cmemu.scenarios.kv_transfer", "prefill -> decode KV-cache transfer over RDMA (and UB)"),
     "ems": ("cmemu.scenarios.ems", "KV-cache fetch from the EMS pool by reuse rate, over UB vs VPC"),
+    "context-cache": ("cmemu.scenarios.context_cache",
+                      "DeepSeek-R1 prefill with EMS context caching by reuse rate: UB vs VPC vs none"),
     "collectives": ("cmemu.scenarios.collectives", "collectives over UB by size and engine: latency, alg/bus bandwidth"),
     "gemm": ("cmemu.scenarios.gemm", "grouped INT8/BF16 GEMM on one die: cube utilisation, HBM GB/s"),
     "mla": ("cmemu.scenarios.mla", "MLA decode attention on one die: compute-bound vs memory-bound"),

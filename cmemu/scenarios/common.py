@@ -81,8 +81,9 @@ def check_positive(name: str, value) -> None:
 
 def run_doc(doc: dict, spec, **options):
     """Run a trace document (a dict, as in docs/trace-format.md) on a resolved spec, in memory
-    (as `cmemu run` runs the file it has read: cmemu.trace.TraceDocument). The run takes the
-    document over and frees it once checked: a caller that needs it afterwards passes a copy."""
+    (as `cmemu run` runs the file it has read: cmemu.trace.TraceDocument). The run reads the
+    document without changing it and keeps no reference to it once checked: freed then if the
+    caller keeps none either."""
     from cmemu.run import run_trace
     from cmemu.trace import TraceDocument
 

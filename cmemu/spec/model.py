@@ -51,6 +51,7 @@ class UBSpec:
     cpu_memory_read_latency_ns: float
     cpu_memory_write_latency_ns: float
     cpu_memory_write_gbyte_per_s: float
+    cpu_memory_read_gbyte_per_s: float
     sources: Mapping[str, str] = field(default_factory=_frozen_map, compare=False)
 
     def __post_init__(self):

@@ -32,7 +32,7 @@ import numpy as np
 
 from cmemu.errors import TraceError
 from cmemu.units import ns_to_ps  # noqa: F401 (re-exported)
-from cmemu.vocab import COMP_DTYPES, COMP_OPS, COMP_SHAPE_ATTRS, COMP_UNITS, NODE_TYPES, PLANES
+from cmemu.vocab import COMP_DTYPES, COMP_OPS, COMP_SHAPE_ATTRS, COMP_UNITS, MEM_PLANES, NODE_TYPES, PLANES
 
 SCHEMA = "cmemu.trace"
 VERSION = 1
@@ -586,7 +586,8 @@ _ATTR_CHECKS = {
         "comm_tag": _as_size,
         "cmemu.plane": _as_choice(PLANES),
     },
-    "MEM_LOAD": {"tensor_size": _as_size},
+    # cmemu.src_cpu: a load from that CPU socket's DRAM (the EMS pool) over UB or the VPC plane.
+    "MEM_LOAD": {"tensor_size": _as_size, "cmemu.src_cpu": _as_size, "cmemu.plane": _as_choice(MEM_PLANES)},
     "MEM_STORE": {"tensor_size": _as_size},
     "COMM_COLL": {
         "comm_type": _as_choice(COLL_TYPES),
@@ -627,7 +628,7 @@ _DEFAULT_ATTRS = {
 }
 _COMM_PEER = {"COMM_SEND": "comm_dst", "COMM_RECV": "comm_src"}
 # Node types whose attributes the system checks too (_check's node_check: cores, op sizes).
-_SYSTEM_CHECKED = frozenset({"COMP", "COMM_COLL"})
+_SYSTEM_CHECKED = frozenset({"COMP", "COMM_COLL", "MEM_LOAD"})
 # Only meaningful when a COMP's time is derived from its work (num_ops), not fixed.
 _COMP_WORK_DEFAULTS = {"tensor_size": 0, "cmemu.dtype": "bf16"}
 
@@ -1075,6 +1076,9 @@ def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
     for key in _REQUIRED_ATTRS[ntype]:
         if key not in raw:
             err(i, f"{pre}missing: a {ntype} node needs attrs.{key}", label, key)
+    if ntype == "MEM_LOAD" and "cmemu.plane" in raw and "cmemu.src_cpu" not in raw:
+        err(i, f"{pre}only applies with cmemu.src_cpu (a load from a CPU's memory); a load from the die's own "
+            "HBM crosses no network", label, "cmemu.plane")
     if ntype == "COMP":
         has_time = "cmemu.duration_ns" in raw
         op = attrs.get("cmemu.op")
