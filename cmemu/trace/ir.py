@@ -253,7 +253,8 @@ class TraceDocument:
     name its errors carry, and the file it came from, if any. ``cmemu run`` reads its file into
     one (``read_document``) and the scenarios make one of the dict they generated; both hand it
     to cmemu.run.run_trace, which checks and runs it the same way, so a generated trace needs no
-    file. The run takes the document over (``take``): it is freed once checked."""
+    file. The run takes the document over (``take``) and reads it without changing it: with no
+    other reference, it is freed once checked."""
 
     __slots__ = ("doc", "name", "file", "_sha256")
 
