@@ -27,6 +27,8 @@ for its own tokens; the KV cache length is the same for every request.
 """
 from __future__ import annotations
 
+from functools import cached_property
+
 from dataclasses import asdict, dataclass
 
 from cmemu.errors import CmemuError
@@ -174,34 +176,20 @@ class PrefillConfig:
     def dense_layers(self) -> int:
         return _dense_layers(self.layers)
 
-    @property
-    def tp_groups(self) -> int:
-        return self.ep // self.attn_tp
+    @cached_property
+    def _deployment(self):
+        return prefill_deployment(self)
 
-    @property
-    def reused_tokens(self) -> int:
-        """Tokens of each prompt whose KV comes from the context cache (at least one token is new:
-        the last one, whose logits give the first output token)."""
-        return min(round(self.reuse * self.prompt_len), self.prompt_len - 1)
-
-    @property
-    def new_tokens(self) -> int:
-        return self.prompt_len - self.reused_tokens
-
-    @property
-    def prompt_tokens_per_step(self) -> int:
-        return self.prompt_len * self.requests
-
-    @property
-    def requests_per_group(self) -> int:
-        """Requests each attention TP group serves per micro-batch."""
-        return self.requests // (self.micro_batches * self.tp_groups)
-
-    @property
-    def tokens_per_die(self) -> int:
-        """New (computed) tokens each die holds per micro-batch in the sequence-parallel stages
-        (its group's tokens split evenly, padded up to a multiple of the TP degree)."""
-        return -(-self.requests_per_group * self.new_tokens // self.attn_tp)
+    # The step's shares are the model generator's (PrefillDeployment), for this preset.
+    tp_groups = property(lambda self: self._deployment.tp_groups)
+    reused_tokens = property(lambda self: self._deployment.reused_tokens,
+                             doc="Tokens of each prompt whose KV comes from the context cache.")
+    new_tokens = property(lambda self: self._deployment.new_tokens)
+    prompt_tokens_per_step = property(lambda self: self._deployment.prompt_tokens_per_step)
+    requests_per_group = property(lambda self: self._deployment.requests_per_group,
+                                  doc="Requests each attention TP group serves per micro-batch.")
+    tokens_per_die = property(lambda self: self._deployment.tokens_per_die,
+                              doc="New tokens each die holds per micro-batch in the sequence-parallel stages.")
 
     @property
     def kv_byte_per_token_layer(self) -> int:
