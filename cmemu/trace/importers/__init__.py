@@ -1,0 +1,1 @@
+"""Converters from other trace formats to cmemu's IR: Ascend profiler output, Chakra execution traces."""
