@@ -21,9 +21,15 @@ except ImportError:  # setuptools < 70.1
         bdist_wheel = None
 
 HERE = Path(__file__).resolve().parent
-WARM_UP_TRACE = HERE / "traces" / "deepseek_r1_decode_mini_2layers.json"  # the README's main command
-# That command's run, its timeline written, from the built package.
-WARM_UP = "import sys; from cmemu.run import run_trace; run_trace(sys.argv[1], output=sys.argv[2], progress=False)"
+WARM_UP_TRACE = HERE / "traces" / "deepseek_r1_decode_mini_2layers.json"
+
+
+def warm_up_command(trace=WARM_UP_TRACE) -> list[str]:
+    """The README's main command, ``cmemu run TRACE`` (its timeline written in the current
+    folder), as the build runs it: with this Python, from the package on its path. Everything it
+    imports must be among the build requirements (pyproject.toml), for pip builds the wheel in an
+    environment that holds only those; tests/test_kernels.py checks."""
+    return [sys.executable, "-m", "cmemu.cli", "run", str(trace)]
 
 
 def warm_up(build_lib) -> None:
@@ -36,10 +42,10 @@ def warm_up(build_lib) -> None:
         return
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(build_lib).resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the kernels into the wheel, not the run's .pyc files
     print("compiling the Numba kernels of the README's main command (cmemu/kernels.py)", flush=True)
     with tempfile.TemporaryDirectory(prefix="cmemu-build-") as tmp:
-        done = subprocess.run([sys.executable, "-c", WARM_UP, str(WARM_UP_TRACE), str(Path(tmp) / "warm-up.h5")],
-                              env=env, cwd=tmp, capture_output=True, text=True)
+        done = subprocess.run(warm_up_command(), env=env, cwd=tmp, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"skipped: the kernels will compile on first use ({done.stderr.strip().splitlines()[-1:]})")
 
