@@ -22,14 +22,10 @@ except ImportError:  # setuptools < 70.1
 
 HERE = Path(__file__).resolve().parent
 WARM_UP_TRACE = HERE / "traces" / "deepseek_r1_decode_mini_2layers.json"
-
-
-def warm_up_command(trace=WARM_UP_TRACE) -> list[str]:
-    """The README's main command, ``cmemu run TRACE`` (its timeline written in the current
-    folder), as the build runs it: with this Python, from the package on its path. Everything it
-    imports must be among the build requirements (pyproject.toml), for pip builds the wheel in an
-    environment that holds only those; tests/test_kernels.py checks."""
-    return [sys.executable, "-m", "cmemu.cli", "run", str(trace)]
+# The README's main command, `cmemu run TRACE` (its timeline written in the current folder), with
+# this Python. pip builds a wheel where only the build requirements are installed
+# (pyproject.toml), so they hold everything this command imports; tests/test_kernels.py checks.
+WARM_UP = [sys.executable, "-m", "cmemu.cli", "run", str(WARM_UP_TRACE)]
 
 
 def warm_up(build_lib) -> None:
@@ -45,7 +41,7 @@ def warm_up(build_lib) -> None:
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # the kernels into the wheel, not the run's .pyc files
     print("compiling the Numba kernels of the README's main command (cmemu/kernels.py)", flush=True)
     with tempfile.TemporaryDirectory(prefix="cmemu-build-") as tmp:
-        done = subprocess.run(warm_up_command(), env=env, cwd=tmp, capture_output=True, text=True)
+        done = subprocess.run(WARM_UP, env=env, cwd=tmp, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"skipped: the kernels will compile on first use ({done.stderr.strip().splitlines()[-1:]})")
 
