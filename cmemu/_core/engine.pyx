@@ -217,6 +217,23 @@ cdef struct SeriesRow:
     uint32_t busy
 
 
+cdef struct MsgRow:
+    # One row of the messages' table (Engine.message_table), in one 32-byte piece: a message's
+    # fields are read together, and an AIV's messages at random among thousands of others, so
+    # one line per message instead of one per column.
+    int64_t nbytes
+    int32_t send      # its send op (-1: none), before its segment's shift
+    int32_t recv      # its receive op (-1: none), likewise
+    int32_t prep      # an AIV's work before it, ps (cmemu.lower.comm)
+    uint16_t src      # endpoints (cmemu.lower.comm: 16-bit ids)
+    uint16_t dst
+    uint16_t ini      # the initiator that issues it (an endpoint, or an AIV)
+    uint8_t kind
+    uint8_t path
+    uint8_t flow      # which earlier message of its AIV it waits for (FLOW_AFTER_MASK, FLOW_BASE)
+    uint8_t pad[3]
+
+
 cdef struct Seg:
     # A run of messages that are a template's (cmemu.lower.Lowered.msg_segments).
     int64_t lo      # its first message
@@ -326,16 +343,8 @@ cdef class Engine:
     # placed (Lowered.msg_segments): message m is row m - lo + row of its segment mseg[m], its
     # ops shifted by the segment's shift (m_src() ... m_recv_op()). Without segments, the table
     # is the lowering's own columns, in one segment.
-    cdef const uint16_t[::1] tab_src  # endpoints (cmemu.lower.comm: 16-bit ids)
-    cdef const uint16_t[::1] tab_dst
-    cdef const int64_t[::1] tab_bytes
-    cdef const uint8_t[::1] tab_kind
-    cdef const uint8_t[::1] tab_path
-    cdef const int32_t[::1] tab_send
-    cdef const int32_t[::1] tab_recv
-    cdef const uint16_t[::1] tab_ini   # the initiator that issues it (an endpoint, or an AIV)
-    cdef const int32_t[::1] tab_prep   # an AIV's work before it, ps (cmemu.lower.comm)
-    cdef const uint8_t[::1] tab_flow   # which earlier message of its AIV it waits for
+    cdef MsgRow* mt  # the table's rows (n_rows of them)
+    cdef int64_t n_rows
     cdef const uint16_t[::1] mseg
     cdef Seg* segs
     cdef int64_t n_msgs
@@ -478,6 +487,8 @@ cdef class Engine:
         self.hr = NULL
         self.n_hrows = 0
         self.segs = NULL
+        self.mt = NULL
+        self.n_rows = 0
         self.live = NULL
         self.live_m = -1
 
@@ -789,6 +800,7 @@ cdef class Engine:
         free(self.hrec)
         free(self.hr)
         free(self.segs)
+        free(self.mt)
         free(self.live)
 
     def release(self, bint keep_op_times=False):
@@ -1126,8 +1138,8 @@ cdef class Engine:
 
     cdef inline int64_t path_hash(self, int32_t m, int64_t row) noexcept nogil:
         """Message m's path hash (cmemu.lower.fabric.path_hashes); ``row``: its table row."""
-        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.tab_src[row] * 7919
-                           + <uint64_t>self.tab_dst[row] * 104729)
+        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.mt[row].src * 7919
+                           + <uint64_t>self.mt[row].dst * 104729)
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
 
     cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p, int64_t row) except -1:
@@ -1143,7 +1155,7 @@ cdef class Engine:
         if not self.links_down:
             return k
         if m != self.live_m:
-            self.live_paths(m, self.tab_path[row])
+            self.live_paths(m, self.mt[row].path)
         if self.live_n == n:
             return k
         if self.live_n == 0:
@@ -1288,28 +1300,28 @@ cdef class Engine:
         return m - g.lo + g.row
 
     cdef inline int32_t m_src(self, int64_t m) noexcept nogil:
-        return self.tab_src[self.mrow(m)]
+        return self.mt[self.mrow(m)].src
 
     cdef inline int32_t m_dst(self, int64_t m) noexcept nogil:
-        return self.tab_dst[self.mrow(m)]
+        return self.mt[self.mrow(m)].dst
 
     cdef inline int64_t m_bytes(self, int64_t m) noexcept nogil:
-        return self.tab_bytes[self.mrow(m)]
+        return self.mt[self.mrow(m)].nbytes
 
     cdef inline uint8_t m_kind(self, int64_t m) noexcept nogil:
-        return self.tab_kind[self.mrow(m)]
+        return self.mt[self.mrow(m)].kind
 
     cdef inline uint8_t m_path(self, int64_t m) noexcept nogil:
-        return self.tab_path[self.mrow(m)]
+        return self.mt[self.mrow(m)].path
 
     cdef inline int32_t m_send_op(self, int64_t m) noexcept nogil:
         cdef const Seg* g = &self.segs[self.mseg[m]]
-        cdef int32_t op = self.tab_send[m - g.lo + g.row]
+        cdef int32_t op = self.mt[m - g.lo + g.row].send
         return op + g.shift if op >= 0 else op
 
     cdef inline int32_t m_recv_op(self, int64_t m) noexcept nogil:
         cdef const Seg* g = &self.segs[self.mseg[m]]
-        cdef int32_t op = self.tab_recv[m - g.lo + g.row]
+        cdef int32_t op = self.mt[m - g.lo + g.row].recv
         return op + g.shift if op >= 0 else op
 
     @property
@@ -1351,7 +1363,7 @@ cdef class Engine:
                 self.m_recv_op(m))
 
     def message_table(self, L):
-        """Set up the messages' table from the lowering (see tab_src)."""
+        """Set up the messages' table from the lowering (see mt)."""
         segs = getattr(L, "msg_segments", None)
         n = L.msg_src.shape[0]
         cols = tuple(MSG_COLUMNS)
@@ -1377,10 +1389,7 @@ cdef class Engine:
             self.owns_messages = True
         else:
             L.fill_messages()  # the columns are the table: every row is read
-        self.tab_src, self.tab_dst, self.tab_bytes = table["msg_src"], table["msg_dst"], table["msg_bytes"]
-        self.tab_kind, self.tab_path = table["msg_kind"], table["msg_path"]
-        self.tab_send, self.tab_recv = table["msg_send_op"], table["msg_recv_op"]
-        self.tab_ini, self.tab_prep, self.tab_flow = table["msg_ini"], table["msg_prep"], table["msg_flow"]
+        self.fill_rows(table)
         self.mseg = seg_of
         free(self.segs)
         self.segs = <Seg*>calloc(rows.shape[0], sizeof(Seg))
@@ -1391,8 +1400,8 @@ cdef class Engine:
             self.segs[k].lo, self.segs[k].row, self.segs[k].shift = rows[k, 0], rows[k, 1], rows[k, 2]
         # Every packet of every message is still to come (packets_of), worked out per table row
         # and copied segment by segment.
-        mtu = np.asarray(self.path_mtu)[np.asarray(self.tab_path)]
-        row_bytes = np.asarray(self.tab_bytes)
+        mtu = np.asarray(self.path_mtu)[np.asarray(table["msg_path"])]
+        row_bytes = np.asarray(table["msg_bytes"])
         packets = np.maximum(1, (row_bytes + mtu - 1) // mtu).astype(np.int32)
         if rows.shape[0] == 1:
             left = packets.copy()
@@ -1403,6 +1412,33 @@ cdef class Engine:
                 left[rows[k, 0]:rows[k, 0] + counts[k]] = packets[rows[k, 1]:rows[k, 1] + counts[k]]
         self.msg_left = left
         self.packets_total = int(left.sum(dtype=np.int64))
+
+    cdef int fill_rows(self, dict table) except -1:
+        """The table's rows from its columns (message_table)."""
+        cdef const uint16_t[::1] src = table["msg_src"], dst = table["msg_dst"], ini = table["msg_ini"]
+        cdef const int64_t[::1] nbytes = table["msg_bytes"]
+        cdef const uint8_t[::1] kind = table["msg_kind"], path = table["msg_path"], flow = table["msg_flow"]
+        cdef const int32_t[::1] send = table["msg_send_op"], recv = table["msg_recv_op"], prep = table["msg_prep"]
+        cdef int64_t i, n = src.shape[0]
+        cdef void* mem = NULL
+        free(self.mt)
+        self.mt = NULL
+        if posix_memalign(&mem, 64, max(n, 1) * sizeof(MsgRow)) != 0:
+            raise MemoryError("messages' table")
+        self.mt = <MsgRow*>mem
+        self.n_rows = n
+        for i in range(n):
+            self.mt[i].nbytes = nbytes[i]
+            self.mt[i].send = send[i]
+            self.mt[i].recv = recv[i]
+            self.mt[i].prep = prep[i]
+            self.mt[i].src = src[i]
+            self.mt[i].dst = dst[i]
+            self.mt[i].ini = ini[i]
+            self.mt[i].kind = kind[i]
+            self.mt[i].path = path[i]
+            self.mt[i].flow = flow[i]
+        return 0
 
     cdef inline int32_t packets_of(self, int32_t m) noexcept nogil:
         """Packets message m is cut into: at most an MTU each, at least one."""
@@ -2009,7 +2045,7 @@ cdef class Engine:
         port's queue. It joins its op's run when it follows it there."""
         cdef int32_t msg = self.op_midx[i]
         cdef int64_t row = self.mrow(msg)
-        cdef int32_t ini = self.tab_ini[row]
+        cdef int32_t ini = self.mt[row].ini
         cdef RunQueue* q = &self.epq[ini]
         cdef int64_t* grown
         cdef int64_t k, last
@@ -2045,9 +2081,9 @@ cdef class Engine:
         a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
         one write latency later (write_absorbed). ``row``: its message's table row."""
         cdef int32_t m = self.pkts[p].msg
-        cdef int32_t s = self.tab_src[row], d = self.tab_dst[row]
+        cdef int32_t s = self.mt[row].src, d = self.mt[row].dst
         cdef int32_t links[8]
-        cdef int hop = 0, n = 0, path = self.tab_path[row]
+        cdef int hop = 0, n = 0, path = self.mt[row].path
         cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
@@ -2102,7 +2138,7 @@ cdef class Engine:
         cdef int32_t m = self.pkts[p].msg, s, r, shift = self.segs[self.mseg[m]].shift
         if row < 0:
             row = self.mrow(m)
-        s, r = self.tab_ini[row], self.tab_recv[row]
+        s, r = self.mt[row].ini, self.mt[row].recv
         if r >= 0:
             r += shift
         if m < self.n_record and t > self.msg_delivered[m]:
@@ -2121,7 +2157,7 @@ cdef class Engine:
         if (self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]
                 and not (self.ini_tracked[s] and self.lookahead > 0)):
             self.wake_at(s, t)  # its initiator waits for a window slot
-        r = self.tab_send[row]
+        r = self.mt[row].send
         if r >= 0:
             r += shift
         self.ack_back_op(r, t)
@@ -2276,7 +2312,7 @@ cdef class Engine:
     cdef int64_t aiv_ready(self, int32_t ep, int64_t row, int32_t shift, int kind) except -2:
         """When AIV initiator ep may issue the first packet of its next message (table row
         ``row``), or -1 if not yet known or not yet due (a wake-up is then scheduled, or its
-        completion will wake it: aiv_done). Its kernel's own work before it (tab_prep) runs from
+        completion will wake it: aiv_done). Its kernel's own work before it (MsgRow.prep) runs from
         when its last FLOW_BASE message was issued (or its op started); a message with flow k
         waits for the one k places before it to be complete; the AIV_RING-th message before must
         be complete too (its ring slot is reused). Its MTE instruction then reaches the wire
@@ -2289,12 +2325,12 @@ cdef class Engine:
         if s >= AIV_RING and self.ring_left[r0 + s % AIV_RING] > 0:
             self.ini_wait[ep - self.n_eps] = s - AIV_RING
             return -1
-        op = (self.tab_send[row] if kind == MSG_WRITE else self.tab_recv[row]) + shift
+        op = (self.mt[row].send if kind == MSG_WRITE else self.mt[row].recv) + shift
         t = self.ops[op].start + self.ep_startup[ep]
         if self.ini_base[ep] > t:
             t = self.ini_base[ep]
-        t += self.tab_prep[row]
-        k = self.tab_flow[row] & FLOW_AFTER_MASK
+        t += self.mt[row].prep
+        k = self.mt[row].flow & FLOW_AFTER_MASK
         if k > 0 and s >= k:
             e = r0 + (s - k) % AIV_RING
             if self.ring_left[e] > 0:
@@ -2328,7 +2364,7 @@ cdef class Engine:
         self.ini_seq[ep] += 1
         self.ring_t[e] = 0
         self.ring_left[e] = <int32_t>self.epq[ep].npk
-        if self.tab_flow[row] & FLOW_BASE:
+        if self.mt[row].flow & FLOW_BASE:
             self.ini_base[ep] = t - self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)]
         return t
 
@@ -2357,10 +2393,10 @@ cdef class Engine:
             if seq == 0:  # what its packets have in common, found once a message
                 row = q.row = self.mrow(m)
                 q.shift = self.segs[self.mseg[m]].shift
-                kind = self.tab_kind[row]
-                path = self.tab_path[row]
+                kind = self.mt[row].kind
+                path = self.mt[row].path
                 mtu = self.path_mtu[path]
-                nbytes = self.tab_bytes[row]
+                nbytes = self.mt[row].nbytes
                 q.npk = 1 if nbytes <= mtu else (nbytes + mtu - 1) // mtu  # packets_of
                 # A read request carries no data; an atomic's carries its operand.
                 q.wpay = <int32_t>(0 if kind == MSG_READ else (mtu if nbytes > mtu else nbytes))
@@ -2370,7 +2406,7 @@ cdef class Engine:
                     q.plane = <int32_t>(idx % self.P)
                     q.uplink = <int32_t>(idx // self.P)
             row = q.row
-            kind = self.tab_kind[row]
+            kind = self.mt[row].kind
             if seq == 0 and self.ini_tracked[ep]:
                 t = self.aiv_ready(ep, row, q.shift, kind)
                 if t < 0:
@@ -2397,9 +2433,9 @@ cdef class Engine:
                     # issued, not before: there it would hold up the other cores' packets.
                     self.wake_at(ep, self.ep_issue_free[ep])
                     break
-            path = self.tab_path[row]
+            path = self.mt[row].path
             mtu = self.path_mtu[path]
-            nbytes = self.tab_bytes[row]
+            nbytes = self.mt[row].nbytes
             payload = nbytes - seq * mtu
             if payload > mtu:
                 payload = mtu  # every packet but the last is a full MTU
@@ -2446,16 +2482,16 @@ cdef class Engine:
             # start; it waits in its port's queue until then.
             if self.ep_issue_free[ep] < self.now:
                 self.ep_issue_free[ep] = self.now
-            op = self.tab_send[row] if kind == MSG_WRITE else self.tab_recv[row]
+            op = self.mt[row].send if kind == MSG_WRITE else self.mt[row].recv
             t = self.ops[op + q.shift].start + self.ep_startup[ep]
             if self.ep_issue_free[ep] < t:
                 self.ep_issue_free[ep] = t
             self.pkts[p].ready = self.ep_issue_free[ep]
             self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
             if kind == MSG_WRITE:  # leg_ends: a read's request goes from its destination
-                s, d = self.tab_src[row], self.tab_dst[row]
+                s, d = self.mt[row].src, self.mt[row].dst
             else:
-                s, d = self.tab_dst[row], self.tab_src[row]
+                s, d = self.mt[row].dst, self.mt[row].src
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             if self.lookahead > 0 and kind == MSG_WRITE:
                 self.path_reserve(p, first, self.pkts[p].ready, row)
@@ -2568,7 +2604,7 @@ cdef class Engine:
                 t += self.ep_write_lat[self.m_src(m)]
             self.push(t, EV_RESP_INJECT, p)
         else:  # read response, back at the initiator
-            d = self.tab_ini[self.mrow(m)]
+            d = self.mt[self.mrow(m)].ini
             self.ep_outstanding[d] -= 1
             if self.ini_tracked[d]:
                 self.aiv_done(d, self.pkts[p].iseq, self.now)
