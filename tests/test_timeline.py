@@ -219,6 +219,29 @@ def test_link_series_is_checked_against_the_run(tiny, tmp_path, change, words):
     assert not list(tmp_path.iterdir()), "no file, not even a temporary one"
 
 
+def test_binned_rows_are_written_in_file_order_whatever_their_order(tiny, tmp_path):
+    # The engine gives its link counters by (link, bin) and the HBM stack series by (die, bin,
+    # stack), which the writer sorts by less; any other order gives the same file.
+    series = synthetic_link_series(tiny)
+    by_link = np.lexsort((series["bin"], series["link"]))
+    rng = np.random.default_rng(3)
+    stacks = tiny.hbm_stack_series
+    assert np.all(np.diff(stacks["die"].astype(np.int64) * 2**40 + stacks["bin"] * 64 + stacks["stack"]) > 0)
+    shuffled = rng.permutation(len(stacks["die"]))
+    files = []
+    for link_rows, stack_rows in ((by_link, slice(None)), (rng.permutation(by_link.size), shuffled)):
+        r = dataclasses.replace(tiny, link_series={k: v if k == "bin_ps" else v[link_rows] for k, v in series.items()},
+                                hbm_stack_series={k: v if k in ("bin_ps", "stacks") else v[stack_rows]
+                                                  for k, v in stacks.items()})
+        files.append(hdf5.write_timeline(tmp_path / f"{len(files)}.h5", r))
+    with h5py.File(files[0]) as a, h5py.File(files[1]) as b:
+        for group in ("links/binned", "dies/hbm_stack_binned"):
+            for name in a[group]:
+                np.testing.assert_array_equal(a[group][name][()], b[group][name][()], err_msg=f"{group}/{name}")
+        bins, link = a["links/binned/bin"][()], a["links/binned/link"][()]
+        assert np.all(np.diff(bins.astype(np.int64) * 2**32 + link) > 0)  # by bin, then link
+
+
 def test_tasks_are_checked(tiny, tmp_path):
     tasks = synthetic_tasks(tiny)
     tasks["pipe"] = tasks["pipe"].copy()

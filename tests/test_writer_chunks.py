@@ -4,7 +4,7 @@ import h5py
 import numpy as np
 import pytest
 
-from cmemu.output.columns import has_repeats, lexsort_order, sum_by
+from cmemu.output.columns import has_repeats, increasing, lexsort_order, sum_by
 
 
 def test_lexsort_order_is_np_lexsort():
@@ -28,6 +28,19 @@ def test_has_repeats_in_an_order():
         want = bool(np.any((a[order][1:] == a[order][:-1]) & (b[order][1:] == b[order][:-1])))
         assert has_repeats(order, a, b) == want
     assert has_repeats([0, 1], [3, 3], [5, 5]) and not has_repeats([0, 1], [3, 3], [5, 6])
+
+
+def test_increasing_means_sorted_without_repeats():
+    assert increasing([], []) and increasing([4], [9])
+    assert increasing([0, 0, 1, 3], [5, 7, 0, 0])
+    assert not increasing([0, 0], [5, 5])  # a pair twice
+    assert not increasing([0, 1, 0], [1, 2, 3]) and not increasing([2, 2], [1, 0])
+    rng = np.random.default_rng(9)
+    a, b = rng.integers(0, 5, 200), rng.integers(0, 5, 200)
+    key = a * 5 + b
+    assert not increasing(a, b)
+    uniq = np.unique(key)
+    assert increasing(uniq // 5, uniq % 5)
 
 
 def test_sum_by_is_add_at():

@@ -1,5 +1,6 @@
 """Column helpers of the timeline writer (Numba kernels): a stable order by small integer keys,
-exact integer sums by index, and a check for repeated keys in an order.
+exact integer sums by index, and checks for repeated keys (in an order, or in rows already
+sorted by them).
 
 ``lexsort_order`` gives ``np.lexsort``'s order (stable, the last key primary) by a counting sort
 per key, O(rows + key range) each, where ``np.lexsort`` compares; a key already in order costs a
@@ -14,18 +15,35 @@ from cmemu.kernels import njit
 
 @njit(cache=True, nogil=True)
 def _stable_by(key, lo, n_keys, perm):
-    # The rows of perm stably sorted by key[row] - lo (a counting sort).
+    # The rows of perm stably sorted by key[row] - lo (a counting sort); perm None: all rows, in
+    # their order (no permutation to read them through).
+    n = key.shape[0] if perm is None else perm.shape[0]
     counts = np.zeros(n_keys + 1, np.int64)
-    for i in range(perm.shape[0]):
-        counts[key[perm[i]] - lo + 1] += 1
+    for i in range(n):
+        row = i
+        if perm is not None:
+            row = perm[i]
+        counts[key[row] - lo + 1] += 1
     for k in range(n_keys):
         counts[k + 1] += counts[k]
-    out = np.empty_like(perm)
-    for i in range(perm.shape[0]):
-        k = key[perm[i]] - lo
-        out[counts[k]] = perm[i]
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        row = i
+        if perm is not None:
+            row = perm[i]
+        k = key[row] - lo
+        out[counts[k]] = row
         counts[k] += 1
     return out
+
+
+@njit(cache=True, nogil=True)
+def _increasing(a, b):
+    # Whether the rows are in strictly increasing order of the pair (a, b).
+    for i in range(1, a.shape[0]):
+        if a[i] < a[i - 1] or (a[i] == a[i - 1] and b[i] <= b[i - 1]):
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -60,7 +78,7 @@ def lexsort_order(keys) -> np.ndarray:
     for k, (lo, hi) in zip(keys, spans):
         if perm is None and (n < 2 or bool(np.all(k[1:] >= k[:-1]))):
             continue  # in order already: a stable sort by it leaves the rows as they are
-        perm = _stable_by(k, lo, hi - lo + 1, np.arange(n, dtype=np.int64) if perm is None else perm)
+        perm = _stable_by(k, lo, hi - lo + 1, perm)
     return np.arange(n, dtype=np.int64) if perm is None else perm
 
 
@@ -68,6 +86,12 @@ def has_repeats(order, a, b) -> bool:
     """Whether rows ``order`` (sorted by the pair (a, b)) hold some pair twice, without gathering
     the columns in that order."""
     return bool(_repeats(np.asarray(order, dtype=np.int64), np.asarray(a), np.asarray(b)))
+
+
+def increasing(a, b) -> bool:
+    """Whether the rows are in strictly increasing order of the pair (``a``, ``b``): sorted by
+    it, and no pair twice."""
+    return bool(_increasing(np.asarray(a), np.asarray(b)))
 
 
 def sum_by(index, value, n: int) -> np.ndarray:
