@@ -24,6 +24,8 @@ from cmemu.lower.passes import (
     message_lists_reference,
     name_messages,
     name_messages_reference,
+    shift_own,
+    shift_own_reference,
     successor_csr,
     successor_csr_reference,
 )
@@ -169,6 +171,12 @@ def test_kernels_equal_their_references(seed):
             assert got[1] in idx[ptr[got[0]]:ptr[got[0] + 1]] and start[got[1]] < end[got[0]]
         else:
             assert np.all(start[idx] >= np.repeat(end, np.diff(ptr)))
+    # A block's own ids moved, the rest kept.
+    rel, own = rng.integers(-1, n, m).astype(np.int32), rng.random(m) < 0.7
+    got, want = np.empty(m, np.int32), np.empty(m, np.int32)
+    shift_own(rel, own, 1000, got)
+    shift_own_reference(rel, own, 1000, want)
+    assert np.array_equal(got, want)
     # The leading messages between the first ops: all of them, some, or some out of order.
     for nt in (0, n // 2, n):
         for s_op, r_op in ((send, recv), (np.sort(send), np.sort(recv)), (send[::-1].copy(), recv[::-1].copy())):

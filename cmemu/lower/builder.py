@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cmemu.kernels import njit
 from cmemu.lower.comm import MSG_COLUMNS, Columns, MessageTable
 from cmemu.vocab import MSG_WRITE
 
@@ -137,17 +136,11 @@ class _Ids:
         if self.own is None:
             np.add(self.rel, base, out=out)
         else:
-            _shift_own(self.rel, self.own, np.int32(base), out)
+            from cmemu.lower.passes import shift_own
+
+            shift_own(self.rel, self.own, base, out)
         if self.ext_at.size:
             out[self.ext_at] = members[self.ext_member]
-
-
-@njit(cache=True, nogil=True)
-def _shift_own(rel, own, base, out):
-    # The block's own ids moved to base, the others as they are, in one pass (numpy's masked add
-    # after a copy took 0.3 s for the 61-layer decode step's 120 M message ends).
-    for i in range(rel.shape[0]):
-        out[i] = rel[i] + base if own[i] else rel[i]
 
 
 class Block:
