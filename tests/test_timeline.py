@@ -219,10 +219,12 @@ def test_link_series_is_checked_against_the_run(tiny, tmp_path, change, words):
     assert not list(tmp_path.iterdir()), "no file, not even a temporary one"
 
 
-def test_binned_rows_are_written_in_file_order_whatever_their_order(tiny, tmp_path):
+@pytest.mark.parametrize("bin_scale", [1, 300_000])  # the bins' range narrow, or far wider than the rows
+def test_binned_rows_are_written_in_file_order_whatever_their_order(tiny, tmp_path, bin_scale):
     # The engine gives its link counters by (link, bin) and the HBM stack series by (die, bin,
     # stack), which the writer sorts by less; any other order gives the same file.
     series = synthetic_link_series(tiny)
+    series["bin"] = series["bin"] * bin_scale
     by_link = np.lexsort((series["bin"], series["link"]))
     rng = np.random.default_rng(3)
     stacks = tiny.hbm_stack_series
@@ -240,6 +242,7 @@ def test_binned_rows_are_written_in_file_order_whatever_their_order(tiny, tmp_pa
                 np.testing.assert_array_equal(a[group][name][()], b[group][name][()], err_msg=f"{group}/{name}")
         bins, link = a["links/binned/bin"][()], a["links/binned/link"][()]
         assert np.all(np.diff(bins.astype(np.int64) * 2**32 + link) > 0)  # by bin, then link
+        assert np.array_equal(bins, np.sort(series["bin"]))
 
 
 def test_tasks_are_checked(tiny, tmp_path):
