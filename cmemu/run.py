@@ -356,7 +356,7 @@ def check_clock_range(lowered: Lowered, fabric, where: str = "", nodes=None) -> 
         per_packet += float(F.ep_write_latency_ps.max() + F.ep_read_latency_ps.max())
         startup = float(F.ep_startup_ps.max()) + float(F.ini_msg_startup_ps.max())
         # An AIV's own work before a message (msg_prep) is counted once per message too.
-        prep = float(L.msg_prep.max()) if L.msg_prep.size else 0.0
+        prep = float(L.prep_max())
         total += packets * per_packet + L.num_messages * (startup + prep)
     if total > CLOCK_LIMIT_PS:
         raise SimulationError(

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import cmemu.lower.collectives as collectives
+from cmemu._core import op_message_lists
 from cmemu.errors import TraceError
 from cmemu.lower import Lowered, lower
 from cmemu.lower.builder import Block, OpBuilder, _Ids
@@ -183,6 +184,36 @@ def test_kernels_equal_their_references(seed):
             assert leading_kept(s_op, r_op, nt) == leading_kept_reference(s_op, r_op, nt)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_kernels_read_copies_through_their_segments(seed):
+    # A template's messages between ops 0..w-1 and copies of it w, 2w, ... ops on: the passes
+    # over every message read a copy's ops from its template (the copies' rows hold garbage) and
+    # give what the numpy references give on the columns written out.
+    rng = np.random.default_rng(seed)
+    w, t, copies = int(rng.integers(2, 12)), int(rng.integers(1, 40)), int(rng.integers(1, 5))
+    n = w * (copies + 1) + int(rng.integers(0, 5))
+    send, recv = rng.integers(-1, w, t).astype(np.int32), rng.integers(-1, w, t).astype(np.int32)
+    segs = np.array([[0, t, 0, 0]] + [[k * t, t, 0, k * w] for k in range(1, copies + 1)], dtype=np.int64)
+    whole = [np.concatenate([np.where(c >= 0, c + k * w, c) for k in range(copies + 1)]).astype(np.int32)
+             for c in (send, recv)]
+    lazy = [np.concatenate([c, np.full(t * copies, 10**6, np.int32)]) for c in (send, recv)]
+    kind = rng.integers(0, 4, n).astype(np.uint8)
+    for got, want in zip(message_lists(kind, *lazy, 1, 2, segs), message_lists_reference(kind, *whole, 1, 2)):
+        assert np.array_equal(got, want)
+    msg = np.where(rng.random(n) < 0.3, rng.integers(0, 9, n), -1).astype(np.int32)
+    a, b = msg.copy(), msg.copy()
+    name_messages(a, *lazy, segs)
+    name_messages_reference(b, *whole)
+    assert np.array_equal(a, b)
+    for nt in (0, w, n):
+        assert leading_kept(*lazy, nt, segs) == leading_kept_reference(*whole, nt)
+    bad = segs.copy()
+    bad[-1, 3] = n  # a copy shifted past the ops
+    if np.any(send >= 0) or np.any(recv >= 0):
+        with pytest.raises(ValueError, match="outside the"):
+            message_lists(kind, *lazy, 1, 2, bad)
+
+
 def test_kernels_refuse_ops_outside_the_ops():
     with pytest.raises(ValueError, match="an edge's successor is op 5, outside the 5 ops"):
         successor_csr(np.array([0]), np.array([5]), 5)
@@ -350,9 +381,9 @@ def test_engine_refuses_segments_that_do_not_cover_the_messages(tmp_path, mini):
 @pytest.mark.parametrize("model", ["packet", "message"])
 def test_messages_left_unfilled_give_the_same_run(tmp_path, mini, model):
     """lower(fill_messages=False), as run_trace asks for the native engine: the copies of a
-    template's messages keep only their send/receive ops until fill_messages(); the byte total,
-    the engine's run (it reads the templates) and the columns once filled are those of a
-    lowering that wrote them all."""
+    template's messages are not written until fill_messages(); the byte total, the passes over
+    every message (they read a copy's ops from its template), the engine's run (it reads the
+    templates) and the columns once filled are those of a lowering that wrote them all."""
     import copy
 
     from cmemu.lower.fabric import build_fabric
@@ -362,15 +393,18 @@ def test_messages_left_unfilled_give_the_same_run(tmp_path, mini, model):
     whole = lower(trace, mini)
     lazy = lower(trace, mini, fill_messages=False)
     assert whole.msg_filled and not lazy.msg_filled
-    for name in ("msg_send_op", "msg_recv_op"):
-        assert np.array_equal(getattr(lazy, name), getattr(whole, name)), name
     assert lazy.message_bytes == whole.message_bytes == int(whole.msg_bytes.sum())
+    assert lazy.prep_max() == int(whole.msg_prep.max())
+    assert np.array_equal(lazy.op_msg, whole.op_msg)  # named through the segments
+    assert lazy.leading_trace_messages() == whole.leading_trace_messages()
+    for got, want in zip(op_message_lists(lazy), op_message_lists(whole)):
+        assert np.array_equal(got, want)
     seg = lazy.msg_segments
     first_copy = int(seg[np.flatnonzero(seg[:, 2] != seg[:, 0])[0], 0])
     part = copy.deepcopy(lazy)
     part.fill_messages(first_copy + 3)  # the first copy's first three messages, and not all of them
     assert not part.msg_filled
-    for name in Lowered.COPIED_MSG_COLUMNS:
+    for name in Lowered.COPIED_MSG_COLUMNS + Lowered.SHIFTED_MSG_COLUMNS:
         assert np.array_equal(getattr(part, name)[:first_copy + 3], getattr(whole, name)[:first_copy + 3]), name
 
     fabric = build_fabric(mini, model=model)
@@ -388,5 +422,5 @@ def test_messages_left_unfilled_give_the_same_run(tmp_path, mini, model):
     again = lower(trace, mini, fill_messages=False)
     r = simulate(again, fabric, native=False)
     assert again.msg_filled and np.array_equal(r.op_end_ps, a.op_end_ps)
-    for name in Lowered.COPIED_MSG_COLUMNS:
+    for name in Lowered.COPIED_MSG_COLUMNS + Lowered.SHIFTED_MSG_COLUMNS:
         assert np.array_equal(getattr(again, name), getattr(whole, name)), name

@@ -34,7 +34,8 @@ def op_message_lists(lowered):
     them are acknowledged; a COMM_RECV op starts the read messages whose ``msg_recv_op`` it is,
     and ends when all its messages are delivered. Within an op, messages keep their order.
     A counting sort in one kernel (cmemu.lower.passes.message_lists): on the 61-layer decode step's
-    57 M messages it needs no temporary beyond the result.
+    60 M messages it needs no temporary beyond the result, and reads the ops of a template's
+    copies from the template (Lowered.message_segments).
     """
     import numpy as np
 
@@ -42,7 +43,8 @@ def op_message_lists(lowered):
     from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
 
     kind = lowered.op_kind
-    ptr, idx = message_lists(kind, lowered.msg_send_op, lowered.msg_recv_op, OP_KIND_SEND, OP_KIND_RECV)
+    ptr, idx = message_lists(kind, lowered.msg_send_op, lowered.msg_recv_op, OP_KIND_SEND, OP_KIND_RECV,
+                             lowered.message_segments())
     carried = lowered.op_msg >= 0
     bad = carried & (ptr[1:] == ptr[:-1]) & ((kind == OP_KIND_SEND) | (kind == OP_KIND_RECV))
     if np.any(bad):

@@ -92,20 +92,28 @@ class Lowered:
     # Set when the msg_* columns were cut to the trace's own messages (drop_engine_messages):
     # (messages, their bytes) of the whole run; -1: the columns are whole.
     msg_total: tuple = (-1, -1)
-    # False: the rows of the messages that repeat a template (msg_segments) hold only their send
-    # and receive ops; their other columns (COPIED_MSG_COLUMNS) are filled by fill_messages(), which
-    # whatever reads them calls first. lower(fill_messages=False) leaves them so for an engine
+    # False: the rows of the messages that repeat a template (msg_segments) are not written; their
+    # columns (COPIED_MSG_COLUMNS, SHIFTED_MSG_COLUMNS) are filled by fill_messages(), which
+    # whatever reads them calls first, and the passes over every message read their ops through
+    # the segments (message_segments). lower(fill_messages=False) leaves them so for an engine
     # that reads only the templates and then drops the columns (run_trace), without writing
-    # them (0.8 GB of the 61-layer decode step).
+    # them (1.3 GB of the 61-layer decode step).
     msg_filled: bool = True
 
     @property
     def num_ops(self) -> int:
         return int(self.op_kind.shape[0])
 
-    # The msg_* columns a template's copies take from it as they are (the send and receive ops
-    # are the template's plus the segment's op shift, and are always filled).
+    # The msg_* columns a template's copies take from it as they are, and those they take shifted
+    # (the template's ops plus the segment's op shift; -1 stays).
     COPIED_MSG_COLUMNS = ("msg_src", "msg_dst", "msg_bytes", "msg_kind", "msg_path", "msg_ini", "msg_prep", "msg_flow")
+    SHIFTED_MSG_COLUMNS = ("msg_send_op", "msg_recv_op")
+
+    def message_segments(self):
+        """The segments the passes over every message read its send and receive ops through: the
+        msg_segments while the copies are not written (msg_filled False), else None (the columns
+        as they are; cmemu.lower.passes.message_segments)."""
+        return None if self.msg_filled else self.msg_segments
 
     def fill_messages(self, upto: int | None = None) -> None:
         """Fill the copied columns of the messages that repeat a template (see msg_filled): all
@@ -114,11 +122,15 @@ class Lowered:
             return
         segs = self.msg_segments
         end = self.msg_send_op.shape[0] if upto is None else min(int(upto), self.msg_send_op.shape[0])
-        for lo, count, tpl, _ in segs[(segs[:, 2] != segs[:, 0]) & (segs[:, 0] < end)].tolist():
+        for lo, count, tpl, shift in segs[(segs[:, 2] != segs[:, 0]) & (segs[:, 0] < end)].tolist():
             k = min(count, end - lo)
             for name in self.COPIED_MSG_COLUMNS:
                 column = getattr(self, name)
                 column[lo:lo + k] = column[tpl:tpl + k]
+            for name in self.SHIFTED_MSG_COLUMNS:
+                column = getattr(self, name)
+                ops = column[tpl:tpl + k]
+                column[lo:lo + k] = np.where(ops >= 0, ops + shift, ops)
         if upto is None or end == self.msg_send_op.shape[0]:
             self.msg_filled = True
 
@@ -181,7 +193,7 @@ class Lowered:
         cached = self.__dict__.get("_leading")
         if cached is not None and cached[0] is self.msg_send_op:
             return cached[1]
-        n = leading_kept(self.msg_send_op, self.msg_recv_op, self.num_trace_ops)
+        n = leading_kept(self.msg_send_op, self.msg_recv_op, self.num_trace_ops, self.message_segments())
         n = self.msg_send_op.shape[0] if n < 0 else n
         self.__dict__["_leading"] = (self.msg_send_op, n)  # asked for twice on a run (run_trace)
         return n
@@ -213,6 +225,16 @@ class Lowered:
         of = {lo: self.msg_bytes[lo:lo + count].sum(dtype=dtype) for lo, count in own[:, :2].tolist()}
         return np.sum([of[tpl] for tpl in segs[:, 2].tolist()], dtype=dtype)
 
+    def prep_max(self) -> int:
+        """The largest msg_prep (0 without messages); of unfilled copies (msg_filled), their
+        templates' (the copies' rows hold nothing yet)."""
+        if not self.msg_prep.size:
+            return 0
+        if self.msg_filled:
+            return int(self.msg_prep.max())
+        own = self.msg_segments[self.msg_segments[:, 2] == self.msg_segments[:, 0]]
+        return max((int(self.msg_prep[lo:lo + count].max()) for lo, count in own[:, :2].tolist() if count), default=0)
+
     def drop_engine_messages(self) -> None:
         """Cut the msg_* columns to the trace's own messages (leading_trace_messages) once an
         engine holds its own copy of them (Engine.owns_messages): the collectives' internal
@@ -227,6 +249,7 @@ class Lowered:
         self.msg_total = total
         self.msg_segments = None
         self.msg_filled = True
+        self.__dict__["_leading"] = (self.msg_send_op, keep)  # not the whole column's, which would stay
 
 
 

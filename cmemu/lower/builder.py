@@ -247,8 +247,8 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
     """The engine's arrays (``Lowered``) of blocks laid one after the other: ``parts`` is a list
     of (block, members), members None for a block placed as it is (and emptied: a block is
     dropped once placed for the last time). The arrays are allocated at their final size and
-    filled block by block; with ``fill_copies`` False, the messages of a block placed again but
-    their send and receive ops are not written (``Lowered.msg_filled``)."""
+    filled block by block; with ``fill_copies`` False, the messages of a block placed again are
+    not written (``Lowered.msg_filled``)."""
     from cmemu.lower import Lowered
     from cmemu.lower.passes import name_messages, predecessor_counts, successor_csr
 
@@ -284,11 +284,12 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
                 col[op_lo:op_hi][block.ops["msg"] < 0] = -1
             else:
                 col[op_lo:op_hi] = block.ops[name]
-        for name, col in msgs.items():
-            if name in ("msg_send_op", "msg_recv_op"):
-                block.place(name, col[msg_lo:msg_hi], op_lo, members)
-            elif fill_copies or not copy:
-                col[msg_lo:msg_hi] = block.messages[name]
+        if fill_copies or not copy:  # (a copy's messages are its template's, its ops shifted: msg_segments)
+            for name, col in msgs.items():
+                if name in ("msg_send_op", "msg_recv_op"):
+                    block.place(name, col[msg_lo:msg_hi], op_lo, members)
+                else:
+                    col[msg_lo:msg_hi] = block.messages[name]
         if spans is None:
             block.place("src", src[edge_lo:edge_hi], op_lo, members)
             block.place("dst", dst[edge_lo:edge_hi], op_lo, members)
@@ -300,8 +301,10 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         op_lo, msg_lo, edge_lo = op_hi, msg_hi, edge_hi
         del block
     msg = cols.pop("msg")
+    segments = np.array(segments, dtype=np.int64).reshape(-1, 4)
+    filled = fill_copies or bool(np.all(segments[:, 2] == segments[:, 0]))
     # An op that carries messages and was not given one names one of them (cmemu.lower.passes).
-    name_messages(msg, msgs["msg_send_op"], msgs["msg_recv_op"])
+    name_messages(msg, msgs["msg_send_op"], msgs["msg_recv_op"], None if filled else segments)
     if spans is None:
         succ_ptr, succ_idx, npred = successor_csr(src, dst, n)
         del src, dst
@@ -348,6 +351,6 @@ def assemble(parts, names, n_resources: int, die_aic, die_aiv, num_trace_ops: in
         op_report_start=report,
         op_phase=cols["phase"],
         num_trace_ops=num_trace_ops,
-        msg_segments=np.array(segments, dtype=np.int64).reshape(-1, 4),
-        msg_filled=fill_copies or all(lo == tpl for lo, _, tpl, _ in segments),
+        msg_segments=segments,
+        msg_filled=filled,
     )

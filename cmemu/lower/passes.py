@@ -79,21 +79,28 @@ def successor_csr_reference(src, dst, n: int):
     return ptr, idx, np.bincount(np.asarray(dst, dtype=np.int64), minlength=n).astype(np.int32)
 
 
-def name_messages(msg, send_op, recv_op) -> None:
+def name_messages(msg, send_op, recv_op, segments=None) -> None:
     """Give each op that carries messages and names none (``msg`` -1) one of them, in place: the
-    last message it sends, else the last one it receives. Op ids outside the ops are ignored."""
-    _name_messages(msg, np.asarray(send_op, dtype=np.int32), np.asarray(recv_op, dtype=np.int32))
+    last message it sends, else the last one it receives. Op ids outside the ops are ignored.
+    ``segments``: the messages' segments when the copies' ops are not written (see
+    ``message_segments``)."""
+    send_op, recv_op = np.asarray(send_op, dtype=np.int32), np.asarray(recv_op, dtype=np.int32)
+    _name_messages(msg, send_op, recv_op, message_segments(segments, send_op.shape[0]))
 
 
 @njit(cache=True)
-def _name_messages(msg, send_op, recv_op):
+def _name_messages(msg, send_op, recv_op, segs):
     n = msg.shape[0]
     for ops in (send_op, recv_op):
         free = msg < 0  # before this pass: a sent message wins over a received one
-        for m in range(ops.shape[0]):
-            op = ops[m]
-            if 0 <= op < n and free[op]:
-                msg[op] = m
+        for g in range(segs.shape[0]):
+            lo, tpl, shift = segs[g, 0], segs[g, 2], segs[g, 3]
+            for j in range(segs[g, 1]):
+                op = ops[tpl + j]
+                if op >= 0:
+                    op += shift
+                if 0 <= op < n and free[op]:
+                    msg[op] = lo + j
 
 
 def name_messages_reference(msg, send_op, recv_op) -> None:
@@ -122,48 +129,83 @@ def shift_own_reference(rel, own, base: int, out) -> None:
     out[:] = np.where(own, rel + base, rel)
 
 
-def message_lists(kind, send_op, recv_op, send_kind: int, recv_kind: int):
+def message_segments(segments, n_messages: int) -> np.ndarray:
+    """The segments the kernels read the messages' send and receive ops through: int64
+    ``[segments, 4]`` rows (first message, count, first message of its template, op shift), as
+    ``Lowered.msg_segments``, for a lowering that left its copies' ops unwritten (msg_filled
+    False): a copy's ops are its template's, shifted, read from the template (a few megabytes,
+    in cache, where the copies' columns are hundreds). None: the columns are whole, one segment
+    of its own."""
+    if segments is None:
+        return np.array([[0, n_messages, 0, 0]], dtype=np.int64)
+    return np.ascontiguousarray(segments, dtype=np.int64)
+
+
+def message_ends(send_op, recv_op, segments, m: int) -> tuple[int, int]:
+    """Message m's (send op, receive op), through ``segments`` (as the kernels read them)."""
+    segs = message_segments(segments, len(send_op))
+    g = int(np.searchsorted(segs[:, 0], m, side="right")) - 1
+    lo, _, tpl, shift = (int(v) for v in segs[g])
+    s, r = int(send_op[tpl + m - lo]), int(recv_op[tpl + m - lo])
+    return (s + shift if s >= 0 else s), (r + shift if r >= 0 else r)
+
+
+def message_lists(kind, send_op, recv_op, send_kind: int, recv_kind: int, segments=None):
     """The messages each op carries, as CSR ``(ptr int64[ops + 1], idx int32)``: an op of kind
     ``send_kind`` those whose ``send_op`` it is, one of ``recv_kind`` those whose ``recv_op`` it
-    is, in id order (see cmemu._core.op_message_lists)."""
+    is, in id order (see cmemu._core.op_message_lists). ``segments``: see ``message_segments``."""
     kind = np.asarray(kind, dtype=np.uint8)
     send_op = np.asarray(send_op, dtype=np.int32)
     recv_op = np.asarray(recv_op, dtype=np.int32)
     if send_op.shape != recv_op.shape or send_kind == recv_kind:
         raise ValueError("message_lists needs a send and a receive op per message, and two kinds of op")
-    ptr, idx, bad = _message_lists(kind, send_op, recv_op, send_kind, recv_kind)
+    ptr, idx, bad = _message_lists(kind, send_op, recv_op, message_segments(segments, send_op.shape[0]), send_kind,
+                                   recv_kind)
     if bad >= 0:
-        what, op = ("send", send_op[bad]) if not 0 <= send_op[bad] + 1 <= kind.shape[0] else ("receive", recv_op[bad])
+        s, r = message_ends(send_op, recv_op, segments, bad)
+        what, op = ("send", s) if not 0 <= s + 1 <= kind.shape[0] else ("receive", r)
         raise ValueError(f"a message's {what} op is op {int(op)}, outside the {kind.shape[0]} ops")
     return ptr, idx
 
 
 @njit(cache=True)
-def _message_lists(kind, send_op, recv_op, send_kind, recv_kind):
+def _message_lists(kind, send_op, recv_op, segs, send_kind, recv_kind):
     # One pass to count (and check the ids: -1 or an op), one to fill. An op is of one kind, so
     # its messages all come from one of the two parts, in id order. The fill moves each op's
     # start up to its end, so ptr[op + 1] is counted and ptr[op] filled from (no second array).
     n = kind.shape[0]
     ptr = np.zeros(n + 1, np.int64)
-    for m in range(send_op.shape[0]):
-        s, r = send_op[m], recv_op[m]
-        if s < -1 or s >= n or r < -1 or r >= n:
-            return ptr, np.empty(0, np.int32), m
-        if s >= 0 and kind[s] == send_kind:
-            ptr[s + 1] += 1
-        if r >= 0 and kind[r] == recv_kind:
-            ptr[r + 1] += 1
+    for g in range(segs.shape[0]):
+        lo, tpl, shift = segs[g, 0], segs[g, 2], segs[g, 3]
+        for j in range(segs[g, 1]):
+            s, r = np.int64(send_op[tpl + j]), np.int64(recv_op[tpl + j])
+            if s >= 0:
+                s += shift
+            if r >= 0:
+                r += shift
+            if s < -1 or s >= n or r < -1 or r >= n:
+                return ptr, np.empty(0, np.int32), lo + j
+            if s >= 0 and kind[s] == send_kind:
+                ptr[s + 1] += 1
+            if r >= 0 and kind[r] == recv_kind:
+                ptr[r + 1] += 1
     for i in range(n):
         ptr[i + 1] += ptr[i]
     idx = np.empty(ptr[n], np.int32)
-    for m in range(send_op.shape[0]):
-        s, r = send_op[m], recv_op[m]
-        if s >= 0 and kind[s] == send_kind:
-            idx[ptr[s]] = m
-            ptr[s] += 1
-        if r >= 0 and kind[r] == recv_kind:
-            idx[ptr[r]] = m
-            ptr[r] += 1
+    for g in range(segs.shape[0]):
+        lo, tpl, shift = segs[g, 0], segs[g, 2], segs[g, 3]
+        for j in range(segs[g, 1]):
+            s, r = np.int64(send_op[tpl + j]), np.int64(recv_op[tpl + j])
+            if s >= 0:
+                s += shift
+            if r >= 0:
+                r += shift
+            if s >= 0 and kind[s] == send_kind:
+                idx[ptr[s]] = lo + j
+                ptr[s] += 1
+            if r >= 0 and kind[r] == recv_kind:
+                idx[ptr[r]] = lo + j
+                ptr[r] += 1
     for i in range(n, 0, -1):  # each start is now the next op's: move them back
         ptr[i] = ptr[i - 1]
     ptr[0] = 0
@@ -288,21 +330,33 @@ def early_successor_reference(succ_ptr, succ_idx, start, end) -> tuple[int, int]
     return i, int(succ[np.flatnonzero(start[succ] < end[i])[0]])
 
 
-def leading_kept(send_op, recv_op, n_ops: int) -> int:
+def leading_kept(send_op, recv_op, n_ops: int, segments=None) -> int:
     """How many of the first messages have both their send and their receive op among the first
-    ``n_ops`` ops (Lowered.leading_trace_messages); -1 if some message after them has too."""
-    return int(_leading_kept(send_op, recv_op, n_ops))
+    ``n_ops`` ops (Lowered.leading_trace_messages); -1 if some message after them has too.
+    ``segments``: see ``message_segments``."""
+    send_op, recv_op = np.asarray(send_op), np.asarray(recv_op)
+    return int(_leading_kept(send_op, recv_op, message_segments(segments, send_op.shape[0]), n_ops))
 
 
 @njit(cache=True)
-def _leading_kept(send, recv, nt):
-    m = send.shape[0]
+def _leading_kept(send, recv, segs, nt):
     k = 0
-    while k < m and 0 <= send[k] < nt and 0 <= recv[k] < nt:
-        k += 1
-    for i in range(k, m):
-        if 0 <= send[i] < nt and 0 <= recv[i] < nt:
-            return -1
+    leading = True
+    for g in range(segs.shape[0]):
+        tpl, shift = segs[g, 2], segs[g, 3]
+        for j in range(segs[g, 1]):
+            s, r = np.int64(send[tpl + j]), np.int64(recv[tpl + j])
+            if s >= 0:
+                s += shift
+            if r >= 0:
+                r += shift
+            kept = 0 <= s < nt and 0 <= r < nt
+            if leading and kept:
+                k += 1
+            elif kept:
+                return -1
+            else:
+                leading = False
     return k
 
 
