@@ -197,9 +197,12 @@ def test_kernels_read_copies_through_their_segments(seed):
     whole = [np.concatenate([np.where(c >= 0, c + k * w, c) for k in range(copies + 1)]).astype(np.int32)
              for c in (send, recv)]
     lazy = [np.concatenate([c, np.full(t * copies, 10**6, np.int32)]) for c in (send, recv)]
+    # The copies' ops of their template's kinds (a copy's lists are its template's, shifted), or not.
+    tiled = np.resize(rng.integers(0, 4, w), n).astype(np.uint8)
     kind = rng.integers(0, 4, n).astype(np.uint8)
-    for got, want in zip(message_lists(kind, *lazy, 1, 2, segs), message_lists_reference(kind, *whole, 1, 2)):
-        assert np.array_equal(got, want)
+    for k in (tiled, kind):
+        for got, want in zip(message_lists(k, *lazy, 1, 2, segs), message_lists_reference(k, *whole, 1, 2)):
+            assert np.array_equal(got, want)
     msg = np.where(rng.random(n) < 0.3, rng.integers(0, 9, n), -1).astype(np.int32)
     a, b = msg.copy(), msg.copy()
     name_messages(a, *lazy, segs)
@@ -210,8 +213,9 @@ def test_kernels_read_copies_through_their_segments(seed):
     bad = segs.copy()
     bad[-1, 3] = n  # a copy shifted past the ops
     if np.any(send >= 0) or np.any(recv >= 0):
-        with pytest.raises(ValueError, match="outside the"):
-            message_lists(kind, *lazy, 1, 2, bad)
+        for k in (tiled, kind):
+            with pytest.raises(ValueError, match="outside the"):
+                message_lists(k, *lazy, 1, 2, bad)
 
 
 def test_kernels_refuse_ops_outside_the_ops():

@@ -159,8 +159,13 @@ def message_lists(kind, send_op, recv_op, send_kind: int, recv_kind: int, segmen
     recv_op = np.asarray(recv_op, dtype=np.int32)
     if send_op.shape != recv_op.shape or send_kind == recv_kind:
         raise ValueError("message_lists needs a send and a receive op per message, and two kinds of op")
-    ptr, idx, bad = _message_lists(kind, send_op, recv_op, message_segments(segments, send_op.shape[0]), send_kind,
-                                   recv_kind)
+    segs = message_segments(segments, send_op.shape[0])
+    if segments is not None:
+        ptr, idx, copied = _copied_lists(kind, send_op, recv_op, segs, send_kind, recv_kind)
+        if copied:
+            return ptr, idx
+        del ptr, idx
+    ptr, idx, bad = _message_lists(kind, send_op, recv_op, segs, send_kind, recv_kind)
     if bad >= 0:
         s, r = message_ends(send_op, recv_op, segments, bad)
         what, op = ("send", s) if not 0 <= s + 1 <= kind.shape[0] else ("receive", r)
@@ -210,6 +215,99 @@ def _message_lists(kind, send_op, recv_op, segs, send_kind, recv_kind):
         ptr[i] = ptr[i - 1]
     ptr[0] = 0
     return ptr, idx, -1
+
+
+@njit(cache=True)
+def _own_ends(kind, ops, want, lo, cnt, g, first, last, counts, counted):
+    # An own segment's ops of one end, counted as _message_lists does; False for an op outside.
+    n = kind.shape[0]
+    for j in range(cnt):
+        o = ops[lo + j]
+        if o < -1 or o >= n:
+            return False
+        if o >= 0:
+            first[g] = min(first[g], o)
+            last[g] = max(last[g], o)
+            if kind[o] == want:
+                counts[o + 1] += 1
+                counted[g] += 1
+    return True
+
+
+@njit(cache=True)
+def _copied_lists(kind, send_op, recv_op, segs, send_kind, recv_kind):
+    # _message_lists where a copy's lists are its template's, shifted: each segment of its own
+    # counted and filled message by message, then a copy's counts and lists block copies of its
+    # template's (the ops between the least and the largest its messages name), its ids moved by
+    # its offset: sequential, where message by message each is a random access. The third value
+    # False whenever that does not hold exactly (an op outside, a copy's ops not of its
+    # template's kinds, or lists that would mix two segments' messages): _message_lists then
+    # makes them, and names the first bad message.
+    n, k = kind.shape[0], segs.shape[0]
+    counts = np.zeros(n + 1, np.int64)
+    first = np.full(k, n, np.int64)
+    last = np.full(k, -1, np.int64)
+    counted = np.zeros(k, np.int64)
+    of = np.full(k, -1, np.int64)  # a copy's template segment
+    for g in range(k):
+        lo, cnt, tpl, shift = segs[g, 0], segs[g, 1], segs[g, 2], segs[g, 3]
+        if tpl == lo:
+            if shift != 0:
+                return counts, np.empty(0, np.int32), False
+            if not _own_ends(kind, send_op, send_kind, lo, cnt, g, first, last, counts, counted):
+                return counts, np.empty(0, np.int32), False
+            if not _own_ends(kind, recv_op, recv_kind, lo, cnt, g, first, last, counts, counted):
+                return counts, np.empty(0, np.int32), False
+        else:
+            t = np.searchsorted(segs[:, 0], tpl)
+            if t >= k or segs[t, 0] != tpl or segs[t, 2] != tpl or segs[t, 1] != cnt or t > g:
+                return counts, np.empty(0, np.int32), False
+            of[g] = t
+    for g in range(k):  # a template's span counts its own messages only
+        if of[g] < 0 and last[g] >= first[g] and counts[first[g] + 1:last[g] + 2].sum() != counted[g]:
+            return counts, np.empty(0, np.int32), False
+    for g in range(k):
+        t = of[g]
+        if t < 0 or last[t] < first[t]:
+            continue
+        a, b, shift = first[t], last[t], segs[g, 3]
+        if a + shift < 0 or b + shift >= n:
+            return counts, np.empty(0, np.int32), False
+        for o in range(a, b + 1):
+            if kind[o + shift] != kind[o] or counts[o + shift + 1] != 0:
+                return counts, np.empty(0, np.int32), False
+        for o in range(a, b + 1):
+            counts[o + shift + 1] = counts[o + 1]
+    for g in range(k):  # and still does, with the copies' counts in
+        if of[g] < 0 and last[g] >= first[g] and counts[first[g] + 1:last[g] + 2].sum() != counted[g]:
+            return counts, np.empty(0, np.int32), False
+    ptr = counts
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    idx = np.empty(ptr[n], np.int32)
+    fill = ptr[:n].copy()
+    for g in range(k):
+        if of[g] >= 0:
+            continue
+        lo = segs[g, 0]
+        for j in range(segs[g, 1]):
+            s, r = send_op[lo + j], recv_op[lo + j]
+            if s >= 0 and kind[s] == send_kind:
+                idx[fill[s]] = lo + j
+                fill[s] += 1
+            if r >= 0 and kind[r] == recv_kind:
+                idx[fill[r]] = lo + j
+                fill[r] += 1
+    for g in range(k):
+        t = of[g]
+        if t < 0 or last[t] < first[t]:
+            continue
+        a, b, shift, moved = first[t], last[t], segs[g, 3], segs[g, 0] - segs[g, 2]
+        at = ptr[a + shift]
+        for i in range(ptr[a], ptr[b + 1]):
+            idx[at] = idx[i] + moved
+            at += 1
+    return ptr, idx, True
 
 
 def message_lists_reference(kind, send_op, recv_op, send_kind: int, recv_kind: int):
