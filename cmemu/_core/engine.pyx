@@ -469,6 +469,7 @@ cdef class Engine:
     cdef int64_t lookahead
     cdef int64_t aiv_lookahead  # the same for an AIV's writes (cmemu.lower.fabric.FABRIC_MODELS)
     cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
+    cdef int64_t ack_rate, ack_path, ack_ps  # and the last ack's
 
     def __cinit__(self):
         self.lk = NULL
@@ -476,6 +477,7 @@ cdef class Engine:
         self.ack_heap = NULL
         self.ini = NULL
         self.ring_slot = NULL
+        self.ack_rate = -1
         self.ack_cap = NULL
         self.ack_lo = NULL
         self.heap = NULL
@@ -1108,7 +1110,7 @@ cdef class Engine:
 
     cdef int32_t route_link(self, int path, int32_t s, int32_t d, int plane, int uplink, int hop) noexcept nogil:
         """The hop-th link from endpoint s to endpoint d, or -1 past the last one."""
-        cdef int32_t ns, nd, chip, count, q
+        cdef int32_t ns, nd
         if path == PATH_D2D:
             if self.lk[self.t_d2d[s]].alive:
                 return self.t_d2d[s] if hop == 0 else -1
@@ -1136,16 +1138,22 @@ cdef class Engine:
         if hop == 1:
             return self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
         if hop == 2:
-            chip = self.t_l1_uplink_chip[(ns * self.P + plane) * self.U + uplink]
-            count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
-            # (uplink // C) % count, without a division where it is not needed (on
-            # CloudMatrix384 uplink < C and count is 1: the two integer divisions took 4-5% of
-            # the run, waiting for count's load).
-            q = uplink // self.C if uplink >= self.C else 0
-            if q >= count:
-                q = q % count
-            return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + q]
+            return self.l2_down_link(ns, nd, plane, uplink)
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
+
+    cdef inline int32_t l2_down_link(self, int32_t ns, int32_t nd, int plane, int uplink) noexcept nogil:
+        """A UB path's third link, from an L2 chip down to node nd's L1 chip: the chip node
+        ns's uplink reaches on the plane, and of that chip's links to nd the (uplink // C) %
+        count-th."""
+        cdef int32_t chip = self.t_l1_uplink_chip[(ns * self.P + plane) * self.U + uplink]
+        cdef int32_t count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
+        # (uplink // C) % count, without a division where it is not needed (on
+        # CloudMatrix384 uplink < C and count is 1: the two integer divisions took 4-5% of
+        # the run, waiting for count's load).
+        cdef int32_t q = uplink // self.C if uplink >= self.C else 0
+        if q >= count:
+            q = q % count
+        return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + q]
 
     cdef inline int64_t path_hash(self, int32_t m, int64_t row) noexcept nogil:
         """Message m's path hash (cmemu.lower.fabric.path_hashes); ``row``: its table row."""
@@ -2100,13 +2108,32 @@ cdef class Engine:
         # Its links are known before any is reserved: fetch their lines (and their calendars'
         # ends, and the open counter bin of its issue time) together rather than one hop after
         # another; what a hop reads is then mostly in cache.
-        while link >= 0 and n < 8:
-            links[n] = link
-            cm_prefetch(&self.lk[link])
-            n += 1
-            link = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, n)
-        if link >= 0:
-            raise ValueError("a path of more than 8 links")
+        cdef int32_t ns, nd
+        cdef int plane = self.pkts[p].plane, uplink = self.pkts[p].uplink
+        if path == PATH_UB:  # route_link's UB path, its links worked out together
+            links[0] = link
+            ns, nd = self.ep_node[s], self.ep_node[d]
+            if ns == nd:
+                links[1] = self.t_ep_down[d * self.P + plane]
+                n = 2
+            else:
+                links[1] = self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
+                links[2] = self.l2_down_link(ns, nd, plane, uplink)
+                links[3] = self.t_ep_down[d * self.P + plane]
+                n = 4
+            for hop in range(n):
+                if links[hop] < 0:
+                    n = hop
+                    break
+                cm_prefetch(&self.lk[links[hop]])
+        else:
+            while link >= 0 and n < 8:
+                links[n] = link
+                cm_prefetch(&self.lk[link])
+                n += 1
+                link = self.route_link(path, s, d, plane, uplink, n)
+            if link >= 0:
+                raise ValueError("a path of more than 8 links")
         if self.bin_ps > 0:
             b = 2 * ((t // self.bin_ps) % RING)
         for hop in range(n):
@@ -2130,8 +2157,12 @@ cdef class Engine:
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
             t += self.lk[link].lat
-            if ack >= 0:
-                ack += self.link_ack_of(link, path)
+            if ack >= 0:  # link_ack_of, from the link's line (its rate and latency) in hand
+                if rate != self.ack_rate or path != self.ack_path:
+                    self.ack_rate = rate
+                    self.ack_path = path
+                    self.ack_ps = serialisation_ps(self.wire_bytes(path, PKT_ACK, 0), rate)
+                ack += self.ack_ps + self.lk[link].lat
         self.packets_sent += n
         rate = self.ep_sink_rate[d]
         if rate > 0:  # the sink takes it in its idle time too
@@ -2261,7 +2292,8 @@ cdef class Engine:
                         raise MemoryError("link calendar")
                     c = grown
                     L.cal = c
-            memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
+            if i < n:  # (most go after the last: nothing to move)
+                memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
             c[2 * i] = t
             c[2 * i + 1] = t + need
             n += 1
@@ -2271,10 +2303,23 @@ cdef class Engine:
     cdef int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
         """cal_reserve on a link, whose counters get the packet's bytes and busy time; returns
         when its tail has left."""
-        t = self.cal_reserve(&self.lk[link], t, need)
-        self.count_transmission(link, t, need, nbytes)
-        if t + need > self.lk[link].busy_until:
-            self.lk[link].busy_until = t + need
+        cdef LinkInfo* L = &self.lk[link]
+        cdef int64_t b, k
+        cdef int64_t* r
+        t = self.cal_reserve(L, t, need)
+        # count_transmission's common case in line: the packet within one open bin.
+        b = t // self.bin_ps if self.bin_ps > 0 else -1
+        if b >= 0 and L.cur_bin >= 0 and L.cur_bin <= b < L.cur_bin + RING and t + need <= (b + 1) * self.bin_ps:
+            L.bytes += nbytes
+            L.busy += need
+            k = 2 * (b & (RING - 1))  # (b >= 0: b % RING)
+            r = self.ring + <int64_t>link * RING * 2
+            r[k] += nbytes
+            r[k + 1] += need
+        else:
+            self.count_transmission(link, t, need, nbytes)
+        if t + need > L.busy_until:
+            L.busy_until = t + need
         return t + need
 
     cdef inline int64_t ack_first(self, int32_t ep) noexcept nogil:
