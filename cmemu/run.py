@@ -17,9 +17,9 @@ import numpy as np
 
 from cmemu._core import make_engine
 from cmemu.errors import CmemuError, DieFailedError, SimulationError, UnroutableError
+from cmemu.fabric import FABRIC_MODELS, build_fabric
 from cmemu.faults import parse_failures
 from cmemu.lower import Lowered, lower
-from cmemu.lower.fabric import FABRIC_MODELS, build_fabric
 from cmemu.options import (
     DEFAULT_COMPRESSION,
     DEFAULT_DETAIL,
@@ -428,7 +428,7 @@ class RunResult:
     fabric_messages: int = 0  # every message the run moved, collectives' included
     fabric_packets: int = 0
     fabric_bytes: int = 0
-    fabric_model: str = "packet"  # cmemu.lower.fabric.FABRIC_MODELS: how messages moved
+    fabric_model: str = "packet"  # cmemu.fabric.FABRIC_MODELS: how messages moved
     retime: object = None  # cmemu.lower.retime.RetimeReport of a run with retime=True
     compile_s: float = 0.0  # of wall_time_s, the time Numba spent compiling kernels (cmemu.kernels; first runs)
 
@@ -645,7 +645,7 @@ def run_trace(
     ``spec`` (a resolved SystemSpec) replaces ``system`` and ``overrides`` when given.
 
     ``fabric_model`` is "packet" (every packet on every link) or "message" (small writes move as
-    one unit: cmemu.lower.fabric.FABRIC_MODELS).
+    one unit: cmemu.fabric.FABRIC_MODELS).
 
     ``max_memory_bytes`` (default: ``default_memory_limit()``) bounds the run: a run whose
     estimate (``estimate_memory``) is above it fails with MemoryLimitError before it starts.

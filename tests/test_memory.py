@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from cmemu.fabric import build_fabric
 import cmemu.run as R
 import cmemu.units as U
 from cmemu.cli import main
 from cmemu.errors import CmemuError
 from cmemu.lower import lower
-from cmemu.lower.fabric import build_fabric
 from cmemu.output.hdf5 import write_timeline
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

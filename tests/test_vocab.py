@@ -5,7 +5,8 @@ import json
 import pytest
 
 import cmemu.vocab as V
-from cmemu.lower import comm, fabric
+from cmemu import fabric
+from cmemu.lower import comm
 from cmemu.trace.ir import schema_path
 
 

@@ -67,8 +67,8 @@ def moe_nodes(ranks, tokens, top_k, hidden, engine, cores, skew, seed, combine, 
 def run_collectives(doc: dict, spec, fabric_model: str = "packet"):
     """Lower and run a trace document keeping every internal op's times (the collectives'
     steps): (lowered, engine)."""
+    from cmemu.fabric import build_fabric
     from cmemu.lower import lower
-    from cmemu.lower.fabric import build_fabric
     from cmemu.run import check_clock_range, simulate
     from cmemu.topology import build_topology
     from cmemu.trace.ir import TraceDocument, load_trace

@@ -285,7 +285,7 @@ def command(spec, pattern, loads, packet_size, arrival, scope, dies, incast_send
     """Latency-load curves: open-loop write packets at fractions of each die's line rate
     (uniform, permutation, incast, all-to-all; Bernoulli or Poisson arrivals) on one sub-plane
     or the whole UB fabric: offered vs accepted load, mean and p99 latency, saturation."""
-    from cmemu.lower.fabric import build_fabric
+    from cmemu.fabric import build_fabric
     from cmemu.units import parse_sizes
     from cmemu.topology import build_topology
 
