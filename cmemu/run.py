@@ -29,7 +29,7 @@ from cmemu.options import (
 )
 from cmemu.spec import DEFAULT_SYSTEM, SystemSpec, load_system
 from cmemu.topology import Topology, build_topology
-from cmemu.trace.ir import TraceDocument
+from cmemu.trace.read import TraceDocument
 from cmemu.units import default_memory_limit, format_bytes, ns_to_ps
 from cmemu.vocab import NODE_TYPES, OP_KIND_MEM, OP_KIND_RECV, OP_KIND_SEND
 

@@ -7,7 +7,7 @@ import pytest
 import cmemu.vocab as V
 from cmemu import fabric
 from cmemu.lower import comm
-from cmemu.trace.ir import schema_path
+from cmemu.trace.read import schema_path
 
 
 def test_the_engine_compiled_the_python_codes():

@@ -71,7 +71,8 @@ def run_collectives(doc: dict, spec, fabric_model: str = "packet"):
     from cmemu.lower import lower
     from cmemu.run import check_clock_range, simulate
     from cmemu.topology import build_topology
-    from cmemu.trace.ir import TraceDocument, load_trace
+    from cmemu.trace.check import load_trace
+    from cmemu.trace.read import TraceDocument
 
     source = TraceDocument(doc, f"<{spec.name} scenario trace>")
     trace = load_trace(source.name, spec.dies, read=source.take())
