@@ -148,16 +148,15 @@ def _pipes_of(op) -> int:
 
 def _intervals_of(die, attrs: dict, pipe_intervals: int) -> int:
     """Busy intervals a COMP op can have per pipe in /tasks: at most ``pipe_intervals``; a generic
-    op (no ``cmemu.op``) streams its bytes in chunks of half a core's buffer (die/kernels.py,
-    generic_cost), one interval per pipe each at most."""
+    op (no ``cmemu.op``) streams its bytes in chunks (cmemu.die.kernels.generic_chunks), one
+    interval per pipe each at most."""
     if "cmemu.op" in attrs:
         return int(pipe_intervals)
+    from cmemu.die.kernels import generic_chunks
     from cmemu.die.ops import unit_cores
 
     unit, cores, _total = unit_cores(die, attrs)
-    aic, cores = unit == "aic", max(1, int(cores))
-    half = ((die.l1_buffer_kib if aic else die.ub_buffer_kib) << 10) // 2
-    chunks = max(1, -(-(-(-int(attrs.get("tensor_size", 0)) // cores)) // half))
+    chunks = generic_chunks(die, unit, attrs.get("tensor_size", 0), max(1, int(cores)))[2]
     return min(int(pipe_intervals), chunks)
 
 
