@@ -971,7 +971,7 @@ def _hbm_series(full: RunResult) -> tuple[dict | None, dict | None]:
     from cmemu._core import hbm_sharing
     from cmemu._core.binning import bin_by_die, clock_tables
     from cmemu.die.hbm import HBMParams, stack_bytes
-    from cmemu.output.columns import lexsort_order
+    from cmemu.results.columns import lexsort_order
 
     if full.link_series is None:
         return None, None

@@ -193,7 +193,7 @@ def test_check_invariants_names_the_first_late_edge():
 
 
 def test_sweep_order_is_lexsort():
-    from cmemu.output.summary import _order_by_key_then_time
+    from cmemu.results.overlap import _order_by_key_then_time
 
     rng = np.random.default_rng(9)
     for k, t in ((rng.integers(0, 50, 1000), rng.integers(0, 10**6, 1000)),  # ties too

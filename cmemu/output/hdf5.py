@@ -45,8 +45,8 @@ from cmemu.output.schema import (
     check_detail,
 )
 from cmemu.output.atomic import atomic_path
-from cmemu.output.columns import has_repeats, lexsort_order, sum_by
 from cmemu.output.summary import die_summary
+from cmemu.results.columns import has_repeats, lexsort_order, sum_by
 from cmemu.topology import LINK_KIND_NAMES
 from cmemu.vocab import NODE_TYPES, PACKET_TYPE_NAMES, PIPE_NAMES
 
