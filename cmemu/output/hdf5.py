@@ -159,7 +159,7 @@ def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks
     exclusively, renamed at the end; refused over any of ``inputs``, the trace for a run).
 
     ``hbm_later``: a function giving the whole result, ``result`` lacking its HBM series (and
-    wall time) until then (``run.trace_result_hbm_later``): called once the rest is written."""
+    wall time) until then (``cmemu.results.view.trace_result_hbm_later``): called once the rest is written."""
     check_detail(detail)
     w = _Writer(compression)
     path = Path(path)

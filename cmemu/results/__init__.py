@@ -10,6 +10,7 @@ a report and the scenarios read.
 - ``moe``: each MoE combine with the dispatch whose tokens it brings back.
 - ``overlap``: time per die from op intervals: busy time, and the two measures of exposed
   communication (by op type, the timeline's; by op class, the step scenarios').
+- ``limits``: the bounds of /tasks' pipe intervals (the run options' default among them).
 - ``columns``: the Numba column kernels (orders by small integer keys, exact sums) they and the
   timeline writer use.
 """

@@ -69,7 +69,8 @@ def run_collectives(doc: dict, spec, fabric_model: str = "packet"):
     steps): (lowered, engine)."""
     from cmemu.fabric import build_fabric
     from cmemu.lower import lower
-    from cmemu.run import check_clock_range, simulate
+    from cmemu.run.diagnostics import check_clock_range
+    from cmemu.run.pipeline import simulate
     from cmemu.topology import build_topology
     from cmemu.trace.check import load_trace
     from cmemu.trace.read import TraceDocument

@@ -184,7 +184,7 @@ def run_point(topo, fabric, t: Traffic, dies: int) -> tuple[dict, float]:
     """Simulate one offered load: its row (module docstring) and the engine's wall time in s (not
     in the row, which holds only what the model predicts: bench/bench_traffic.py reports the
     simulation's speed)."""
-    from cmemu.run import simulate
+    from cmemu.run.pipeline import simulate
 
     src, dst, created, senders = generate(t, dies, topo.spec.dies_per_npu)
     if src.size == 0:

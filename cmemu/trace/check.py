@@ -628,7 +628,7 @@ def _check_header(doc: dict, err) -> None:
 
 def _check_faults(raw, err) -> None:
     """The header's ``cmemu.faults``: a list of {"fail": PART, "at_ns": TIME}. Whether each PART
-    names a part of the system is checked against the topology (cmemu.run.trace_failures)."""
+    names a part of the system is checked against the topology (cmemu.run.pipeline.trace_failures)."""
     fld = "cmemu.faults"
     if type(raw) is not list:
         err(-1, f"must be a list of {{\"fail\": PART, \"at_ns\": TIME}} objects (PART as --fail names it: "
