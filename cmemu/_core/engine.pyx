@@ -37,7 +37,7 @@ packet per hop), ``on_sink_done``, ``on_response_inject``, ``on_wake``.
 cimport cython
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memcpy, memmove, memset
-from libc.stdint cimport int64_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t, UINT32_MAX
+from libc.stdint cimport int64_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t, INT32_MAX, INT64_MAX, UINT32_MAX
 
 import numpy as np
 cimport numpy as cnp
@@ -186,25 +186,46 @@ cdef struct PacketRecord:
     uint8_t pad[7]
 
 
-cdef struct RunQueue:
-    # An initiator's queue of messages to issue, in the order they started: runs of consecutive
-    # entries of op_midx (the messages of one op, started together), (lo, hi) pairs in a ring of
-    # ``cap`` runs from ``head``; ``seq`` packets of the first message are issued. Set as its
-    # first packet is issued: ``row`` and ``shift``, its table row and op shift; ``npk``, its
-    # packets; ``wire``, the wire bytes of a packet of ``wpay`` payload bytes (its full ones);
-    # ``plane`` and ``uplink``, its next packet's path while no link is down (choose_path).
+cdef struct Ini:
+    # An initiator (an endpoint's own, or an AIV's), in two 64-byte lines: thousands of AIVs
+    # issue messages in no particular order, so one place per initiator instead of an array per
+    # field. First, its queue of messages to issue, in the order they started: runs of
+    # consecutive entries of op_midx (the messages of one op, started together), (lo, hi) pairs in
+    # a ring of ``cap`` runs from ``head``; ``seq`` packets of the first message are issued. Set
+    # as its first packet is issued: ``row`` and ``shift``, its table row and op shift; ``npk``,
+    # its packets; ``wire``, the wire bytes of a packet of ``wpay`` payload bytes (its full
+    # ones); ``plane`` and ``uplink``, its next packet's path while no link is down (choose_path).
     int64_t* buf
-    int64_t head
-    int64_t n
-    int64_t cap
-    int64_t seq
     int64_t row
-    int64_t npk
+    int64_t issue_free   # when it may issue its next packet
+    int64_t base         # an AIV: when its last FLOW_BASE message was issued (aiv_ready)
+    int64_t wake_at      # its pending wake-up (INT64_MAX: none)
+    int64_t startup      # its start-up, ps (fabric.ep_startup_ps)
+    int32_t iseq         # an AIV: the messages it issued
+    int32_t wait         # an AIV: the message it waits to see complete (-1: none)
+    int32_t ack_len      # its packets' acks in flight (ack_heap)
+    int32_t outstanding  # its packets in flight (its window)
+    int32_t head
+    int32_t n
+    int32_t cap
+    int32_t seq
+    int32_t npk
     int32_t shift
     int32_t wire
     int32_t wpay
     int32_t plane
     int32_t uplink
+    int32_t max_out      # its window, packets (fabric.ep_max_outstanding)
+    int32_t issue[2]     # a packet's issue time, ps: a write's, a read's (fabric.ep_issue_ps)
+    int32_t msg_startup[2]  # an AIV's MTE instruction's start-up, ps: likewise (fabric.ini_msg_startup_ps)
+    int32_t pad
+
+
+cdef struct RingSlot:
+    # One of an AIV's last AIV_RING messages: its completion time so far (its latest ack, or
+    # read data back), and its packets not yet complete.
+    int64_t t
+    int32_t left
     int32_t pad
 
 
@@ -215,6 +236,23 @@ cdef struct SeriesRow:
     int32_t bin
     uint32_t nbytes
     uint32_t busy
+
+
+cdef struct MsgRow:
+    # One row of the messages' table (Engine.message_table), in one 32-byte piece: a message's
+    # fields are read together, and an AIV's messages at random among thousands of others, so
+    # one line per message instead of one per column.
+    int64_t nbytes
+    int32_t send      # its send op (-1: none), before its segment's shift
+    int32_t recv      # its receive op (-1: none), likewise
+    int32_t prep      # an AIV's work before it, ps (cmemu.lower.comm)
+    uint16_t src      # endpoints (cmemu.lower.comm: 16-bit ids)
+    uint16_t dst
+    uint16_t ini      # the initiator that issues it (an endpoint, or an AIV)
+    uint8_t kind
+    uint8_t path
+    uint8_t flow      # which earlier message of its AIV it waits for (FLOW_AFTER_MASK, FLOW_BASE)
+    uint8_t pad[3]
 
 
 cdef struct Seg:
@@ -326,16 +364,8 @@ cdef class Engine:
     # placed (Lowered.msg_segments): message m is row m - lo + row of its segment mseg[m], its
     # ops shifted by the segment's shift (m_src() ... m_recv_op()). Without segments, the table
     # is the lowering's own columns, in one segment.
-    cdef const uint16_t[::1] tab_src  # endpoints (cmemu.lower.comm: 16-bit ids)
-    cdef const uint16_t[::1] tab_dst
-    cdef const int64_t[::1] tab_bytes
-    cdef const uint8_t[::1] tab_kind
-    cdef const uint8_t[::1] tab_path
-    cdef const int32_t[::1] tab_send
-    cdef const int32_t[::1] tab_recv
-    cdef const uint16_t[::1] tab_ini   # the initiator that issues it (an endpoint, or an AIV)
-    cdef const int32_t[::1] tab_prep   # an AIV's work before it, ps (cmemu.lower.comm)
-    cdef const uint8_t[::1] tab_flow   # which earlier message of its AIV it waits for
+    cdef MsgRow* mt  # the table's rows (n_rows of them)
+    cdef int64_t n_rows
     cdef const uint16_t[::1] mseg
     cdef Seg* segs
     cdef int64_t n_msgs
@@ -351,44 +381,28 @@ cdef class Engine:
     cdef int64_t n_record
     cdef readonly int64_t messages_delivered
     # Endpoints.
-    cdef const int64_t[::1] ep_startup
     cdef const int64_t[::1] ep_write_lat
     cdef const int64_t[::1] ep_read_lat
     cdef const int64_t[::1] ep_sink_rate
     cdef const int64_t[::1] ep_read_rate
-    cdef const int32_t[::1] ep_max_out
-    cdef const int64_t[::1] ep_issue
     cdef const int32_t[::1] ep_node
-    cdef RunQueue* epq  # per initiator, the messages it has to issue
+    cdef Ini* ini  # per initiator, its state and the messages it has to issue
     cdef int64_t n_eps  # endpoints (dies, CPUs); initiators are those and then every die's AIVs
     cdef int64_t n_ini
-    # AIV initiators (ini_tracked): an AIV issues its remote reads and writes one by one, as its
-    # kernel's waits allow (aiv_ready): per initiator the messages it issued (ini_seq), when its
-    # last FLOW_BASE message was issued (ini_base), the message it waits to see complete
-    # (ini_wait, -1: none), and per message in a ring of AIV_RING, its completion time so far
-    # (its latest ack, or read data back) and its packets not yet complete.
-    cdef const int64_t[::1] ini_msg_startup
-    cdef const uint8_t[::1] ini_tracked
-    cdef int64_t[::1] ini_seq
-    cdef int64_t[::1] ini_base
-    cdef int64_t[::1] ini_wait
-    cdef int64_t[::1] ring_t
-    cdef int32_t[::1] ring_left
-    cdef int32_t[::1] ep_outstanding
-    cdef int64_t[::1] ep_issue_free
+    # AIV initiators (those from n_eps on): an AIV issues its remote reads and writes one by
+    # one, as its kernel's waits allow (aiv_ready; Ini.iseq, Ini.base, Ini.wait), and keeps its
+    # last AIV_RING messages' completion in a ring (ring_slot, AIV_RING per AIV).
+    cdef RingSlot* ring_slot
     cdef int64_t[::1] ep_sink_free
     cdef int64_t[::1] ep_read_free
     # Per initiator, a min-heap of the times its writes' acks come back: a window slot frees at
     # each, but nothing needs to happen then unless the window is full (then one wake-up).
     # Per initiator, the ack times of its packets in flight, sorted, in ack_heap[ep][ack_lo[ep]:]
-    # (ack_len of them): they come back roughly in the order they left, so a new one goes in near
-    # the end and the first is taken off the front.
+    # (Ini.ack_len of them): they come back roughly in the order they left, so a new one goes in
+    # near the end and the first is taken off the front.
     cdef int64_t** ack_heap
-    cdef int64_t* ack_len
     cdef int64_t* ack_cap
     cdef int64_t* ack_lo
-    cdef uint8_t[::1] ep_wake_pending
-    cdef int64_t[::1] ep_wake_at
     # Packet format.
     cdef const int64_t[::1] path_mtu
     cdef const int64_t[::1] path_flit
@@ -460,7 +474,8 @@ cdef class Engine:
         self.lk = NULL
         self.ops = NULL
         self.ack_heap = NULL
-        self.ack_len = NULL
+        self.ini = NULL
+        self.ring_slot = NULL
         self.ack_cap = NULL
         self.ack_lo = NULL
         self.heap = NULL
@@ -478,6 +493,8 @@ cdef class Engine:
         self.hr = NULL
         self.n_hrows = 0
         self.segs = NULL
+        self.mt = NULL
+        self.n_rows = 0
         self.live = NULL
         self.live_m = -1
 
@@ -571,42 +588,46 @@ cdef class Engine:
         n_eps = F.ep_node.shape[0]
         n_ini = F.ep_startup_ps.shape[0]
         self.n_ini = n_ini
-        self.ep_startup = F.ep_startup_ps
         self.ep_write_lat = F.ep_write_latency_ps
         self.ep_read_lat = F.ep_read_latency_ps
         self.ep_sink_rate = F.ep_sink_byte_per_s
         self.ep_read_rate = F.ep_read_byte_per_s
-        self.ep_max_out = F.ep_max_outstanding
-        self.ep_issue = F.ep_issue_ps
         self.ep_node = F.ep_node
         self.n_eps = n_eps
-        self.epq = <RunQueue*>calloc(max(n_ini, 1), sizeof(RunQueue))
-        if self.epq == NULL:
-            raise MemoryError("initiator queues")
-        self.ep_outstanding = np.zeros(n_ini, dtype=np.int32)
-        self.ep_issue_free = np.zeros(n_ini, dtype=np.int64)
+        tracked = np.asarray(F.ini_tracked).astype(bool)
+        if not np.array_equal(tracked, np.arange(n_ini) >= n_eps):
+            raise ValueError("the initiators are the endpoints' own and then AIVs (cmemu.lower.fabric)")
+        issue = np.asarray(F.ep_issue_ps, dtype=np.int64).reshape(n_ini, 2)
+        msg_startup = np.asarray(F.ini_msg_startup_ps, dtype=np.int64).reshape(n_ini, 2)
+        for name, value in (("a packet's issue time", issue), ("an MTE instruction's start-up", msg_startup)):
+            if value.size and (value.min() < 0 or value.max() > INT32_MAX):
+                raise ValueError(f"{name} must be 0 to {INT32_MAX} ps, got {value.max()} ps")
+        cdef void* imem = NULL
+        if posix_memalign(&imem, 64, max(n_ini, 1) * sizeof(Ini)) != 0:
+            raise MemoryError("initiators")
+        memset(imem, 0, max(n_ini, 1) * sizeof(Ini))
+        self.ini = <Ini*>imem
+        cdef const int64_t[::1] startup = F.ep_startup_ps
+        cdef const int32_t[::1] max_out = F.ep_max_outstanding
+        cdef const int64_t[:, ::1] issue_v = issue, msg_startup_v = msg_startup
+        for i in range(n_ini):
+            self.ini[i].startup = startup[i]
+            self.ini[i].max_out = max_out[i]
+            self.ini[i].issue[0], self.ini[i].issue[1] = <int32_t>issue_v[i, 0], <int32_t>issue_v[i, 1]
+            self.ini[i].msg_startup[0] = <int32_t>msg_startup_v[i, 0]
+            self.ini[i].msg_startup[1] = <int32_t>msg_startup_v[i, 1]
+            self.ini[i].wait = -1
+            self.ini[i].wake_at = INT64_MAX
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
         self.ep_read_free = np.zeros(n_eps, dtype=np.int64)
-        self.ep_wake_pending = np.zeros(n_ini, dtype=np.uint8)
-        self.ep_wake_at = np.zeros(n_ini, dtype=np.int64)
-        self.ini_msg_startup = F.ini_msg_startup_ps
-        self.ini_tracked = F.ini_tracked
-        if np.any(np.asarray(F.ini_tracked)[:n_eps]):
-            raise ValueError("an endpoint's own initiator cannot be an AIV's (cmemu.lower.fabric)")
-        self.ini_seq = np.zeros(n_ini, dtype=np.int64)
-        self.ini_base = np.zeros(n_ini, dtype=np.int64)
-        self.ini_wait = np.full(n_ini - n_eps, -1, dtype=np.int64)
-        self.ring_t = np.zeros((n_ini - n_eps) * AIV_RING, dtype=np.int64)
-        self.ring_left = np.zeros((n_ini - n_eps) * AIV_RING, dtype=np.int32)
+        self.ring_slot = <RingSlot*>calloc(max((n_ini - n_eps) * AIV_RING, 1), sizeof(RingSlot))
         self.ack_heap = <int64_t**>malloc(max(n_ini, 1) * sizeof(int64_t*))
-        self.ack_len = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
         self.ack_cap = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
         self.ack_lo = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
-        if self.ack_heap == NULL or self.ack_len == NULL or self.ack_cap == NULL or self.ack_lo == NULL:
+        if self.ack_heap == NULL or self.ack_cap == NULL or self.ack_lo == NULL or self.ring_slot == NULL:
             raise MemoryError("ack heaps")
         for i in range(n_ini):
             self.ack_heap[i] = NULL
-            self.ack_len[i] = 0
             self.ack_cap[i] = 0
             self.ack_lo[i] = 0
 
@@ -759,7 +780,7 @@ cdef class Engine:
             for i in range(self.n_ini):
                 free(self.ack_heap[i])
             free(self.ack_heap)
-        free(self.ack_len)
+        free(self.ring_slot)
         free(self.ack_cap)
         free(self.ack_lo)
         if self.lk != NULL:
@@ -769,10 +790,10 @@ cdef class Engine:
             for i in range(self.n_eps):
                 free(self.sk[i].cal)
             free(self.sk)
-        if self.epq != NULL:
+        if self.ini != NULL:
             for i in range(self.n_ini):
-                free(self.epq[i].buf)
-            free(self.epq)
+                free(self.ini[i].buf)
+            free(self.ini)
         free(self.ops)
         free(self.lk)
         free(self.heap)
@@ -789,6 +810,7 @@ cdef class Engine:
         free(self.hrec)
         free(self.hr)
         free(self.segs)
+        free(self.mt)
         free(self.live)
 
     def release(self, bint keep_op_times=False):
@@ -813,12 +835,13 @@ cdef class Engine:
             free(self.sk[i].cal)
             self.sk[i].cal = NULL
         for i in range(self.n_ini):
-            free(self.epq[i].buf)
-            self.epq[i].buf = NULL
-            self.epq[i].n = self.epq[i].cap = 0
+            free(self.ini[i].buf)
+            self.ini[i].buf = NULL
+            self.ini[i].n = self.ini[i].cap = 0
             free(self.ack_heap[i])
             self.ack_heap[i] = NULL
-            self.ack_len[i] = self.ack_cap[i] = self.ack_lo[i] = 0
+            self.ini[i].ack_len = 0
+            self.ack_cap[i] = self.ack_lo[i] = 0
         for i in range(WHEEL_SIZE):
             free(self.wheel[i].ev)
             self.wheel[i].ev = NULL
@@ -1126,8 +1149,8 @@ cdef class Engine:
 
     cdef inline int64_t path_hash(self, int32_t m, int64_t row) noexcept nogil:
         """Message m's path hash (cmemu.lower.fabric.path_hashes); ``row``: its table row."""
-        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.tab_src[row] * 7919
-                           + <uint64_t>self.tab_dst[row] * 104729)
+        cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.mt[row].src * 7919
+                           + <uint64_t>self.mt[row].dst * 104729)
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
 
     cdef int64_t choose_path(self, int32_t m, int64_t seq, int32_t p, int64_t row) except -1:
@@ -1143,7 +1166,7 @@ cdef class Engine:
         if not self.links_down:
             return k
         if m != self.live_m:
-            self.live_paths(m, self.tab_path[row])
+            self.live_paths(m, self.mt[row].path)
         if self.live_n == n:
             return k
         if self.live_n == 0:
@@ -1288,28 +1311,28 @@ cdef class Engine:
         return m - g.lo + g.row
 
     cdef inline int32_t m_src(self, int64_t m) noexcept nogil:
-        return self.tab_src[self.mrow(m)]
+        return self.mt[self.mrow(m)].src
 
     cdef inline int32_t m_dst(self, int64_t m) noexcept nogil:
-        return self.tab_dst[self.mrow(m)]
+        return self.mt[self.mrow(m)].dst
 
     cdef inline int64_t m_bytes(self, int64_t m) noexcept nogil:
-        return self.tab_bytes[self.mrow(m)]
+        return self.mt[self.mrow(m)].nbytes
 
     cdef inline uint8_t m_kind(self, int64_t m) noexcept nogil:
-        return self.tab_kind[self.mrow(m)]
+        return self.mt[self.mrow(m)].kind
 
     cdef inline uint8_t m_path(self, int64_t m) noexcept nogil:
-        return self.tab_path[self.mrow(m)]
+        return self.mt[self.mrow(m)].path
 
     cdef inline int32_t m_send_op(self, int64_t m) noexcept nogil:
         cdef const Seg* g = &self.segs[self.mseg[m]]
-        cdef int32_t op = self.tab_send[m - g.lo + g.row]
+        cdef int32_t op = self.mt[m - g.lo + g.row].send
         return op + g.shift if op >= 0 else op
 
     cdef inline int32_t m_recv_op(self, int64_t m) noexcept nogil:
         cdef const Seg* g = &self.segs[self.mseg[m]]
-        cdef int32_t op = self.tab_recv[m - g.lo + g.row]
+        cdef int32_t op = self.mt[m - g.lo + g.row].recv
         return op + g.shift if op >= 0 else op
 
     @property
@@ -1351,7 +1374,7 @@ cdef class Engine:
                 self.m_recv_op(m))
 
     def message_table(self, L):
-        """Set up the messages' table from the lowering (see tab_src)."""
+        """Set up the messages' table from the lowering (see mt)."""
         segs = getattr(L, "msg_segments", None)
         n = L.msg_src.shape[0]
         cols = tuple(MSG_COLUMNS)
@@ -1377,10 +1400,7 @@ cdef class Engine:
             self.owns_messages = True
         else:
             L.fill_messages()  # the columns are the table: every row is read
-        self.tab_src, self.tab_dst, self.tab_bytes = table["msg_src"], table["msg_dst"], table["msg_bytes"]
-        self.tab_kind, self.tab_path = table["msg_kind"], table["msg_path"]
-        self.tab_send, self.tab_recv = table["msg_send_op"], table["msg_recv_op"]
-        self.tab_ini, self.tab_prep, self.tab_flow = table["msg_ini"], table["msg_prep"], table["msg_flow"]
+        self.fill_rows(table)
         self.mseg = seg_of
         free(self.segs)
         self.segs = <Seg*>calloc(rows.shape[0], sizeof(Seg))
@@ -1391,8 +1411,8 @@ cdef class Engine:
             self.segs[k].lo, self.segs[k].row, self.segs[k].shift = rows[k, 0], rows[k, 1], rows[k, 2]
         # Every packet of every message is still to come (packets_of), worked out per table row
         # and copied segment by segment.
-        mtu = np.asarray(self.path_mtu)[np.asarray(self.tab_path)]
-        row_bytes = np.asarray(self.tab_bytes)
+        mtu = np.asarray(self.path_mtu)[np.asarray(table["msg_path"])]
+        row_bytes = np.asarray(table["msg_bytes"])
         packets = np.maximum(1, (row_bytes + mtu - 1) // mtu).astype(np.int32)
         if rows.shape[0] == 1:
             left = packets.copy()
@@ -1403,6 +1423,33 @@ cdef class Engine:
                 left[rows[k, 0]:rows[k, 0] + counts[k]] = packets[rows[k, 1]:rows[k, 1] + counts[k]]
         self.msg_left = left
         self.packets_total = int(left.sum(dtype=np.int64))
+
+    cdef int fill_rows(self, dict table) except -1:
+        """The table's rows from its columns (message_table)."""
+        cdef const uint16_t[::1] src = table["msg_src"], dst = table["msg_dst"], ini = table["msg_ini"]
+        cdef const int64_t[::1] nbytes = table["msg_bytes"]
+        cdef const uint8_t[::1] kind = table["msg_kind"], path = table["msg_path"], flow = table["msg_flow"]
+        cdef const int32_t[::1] send = table["msg_send_op"], recv = table["msg_recv_op"], prep = table["msg_prep"]
+        cdef int64_t i, n = src.shape[0]
+        cdef void* mem = NULL
+        free(self.mt)
+        self.mt = NULL
+        if posix_memalign(&mem, 64, max(n, 1) * sizeof(MsgRow)) != 0:
+            raise MemoryError("messages' table")
+        self.mt = <MsgRow*>mem
+        self.n_rows = n
+        for i in range(n):
+            self.mt[i].nbytes = nbytes[i]
+            self.mt[i].send = send[i]
+            self.mt[i].recv = recv[i]
+            self.mt[i].prep = prep[i]
+            self.mt[i].src = src[i]
+            self.mt[i].dst = dst[i]
+            self.mt[i].ini = ini[i]
+            self.mt[i].kind = kind[i]
+            self.mt[i].path = path[i]
+            self.mt[i].flow = flow[i]
+        return 0
 
     cdef inline int32_t packets_of(self, int32_t m) noexcept nogil:
         """Packets message m is cut into: at most an MTU each, at least one."""
@@ -2009,8 +2056,8 @@ cdef class Engine:
         port's queue. It joins its op's run when it follows it there."""
         cdef int32_t msg = self.op_midx[i]
         cdef int64_t row = self.mrow(msg)
-        cdef int32_t ini = self.tab_ini[row]
-        cdef RunQueue* q = &self.epq[ini]
+        cdef int32_t ini = self.mt[row].ini
+        cdef Ini* q = &self.ini[ini]
         cdef int64_t* grown
         cdef int64_t k, last
         if q.n > 0:
@@ -2045,9 +2092,9 @@ cdef class Engine:
         a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
         one write latency later (write_absorbed). ``row``: its message's table row."""
         cdef int32_t m = self.pkts[p].msg
-        cdef int32_t s = self.tab_src[row], d = self.tab_dst[row]
+        cdef int32_t s = self.mt[row].src, d = self.mt[row].dst
         cdef int32_t links[8]
-        cdef int hop = 0, n = 0, path = self.tab_path[row]
+        cdef int hop = 0, n = 0, path = self.mt[row].path
         cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
@@ -2102,7 +2149,7 @@ cdef class Engine:
         cdef int32_t m = self.pkts[p].msg, s, r, shift = self.segs[self.mseg[m]].shift
         if row < 0:
             row = self.mrow(m)
-        s, r = self.tab_ini[row], self.tab_recv[row]
+        s, r = self.mt[row].ini, self.mt[row].recv
         if r >= 0:
             r += shift
         if m < self.n_record and t > self.msg_delivered[m]:
@@ -2112,16 +2159,16 @@ cdef class Engine:
         if self.msg_left[m] == 1:
             self.deliver(m, t)
         t += ack if ack >= 0 else self.ack_trip(m, self.pkts[p].plane, self.pkts[p].uplink)
-        if self.ini_tracked[s]:
+        if (s >= self.n_eps):
             if self.lookahead == 0:
                 self.ack_push(s, t)  # (on the message-level fabric an AIV keeps no window: inject)
             self.aiv_done(s, self.pkts[p].iseq, t)
         else:
             self.ack_push(s, t)
-        if (self.epq[s].n > 0 and self.ep_outstanding[s] >= self.ep_max_out[s]
-                and not (self.ini_tracked[s] and self.lookahead > 0)):
+        if (self.ini[s].n > 0 and self.ini[s].outstanding >= self.ini[s].max_out
+                and not ((s >= self.n_eps) and self.lookahead > 0)):
             self.wake_at(s, t)  # its initiator waits for a window slot
-        r = self.tab_send[row]
+        r = self.mt[row].send
         if r >= 0:
             r += shift
         self.ack_back_op(r, t)
@@ -2236,13 +2283,13 @@ cdef class Engine:
 
     cdef void ack_pop(self, int32_t ep) noexcept nogil:
         """Take the earliest ack off the initiator's list: its window slot is free."""
-        self.ep_outstanding[ep] -= 1
-        self.ack_len[ep] -= 1
-        self.ack_lo[ep] = self.ack_lo[ep] + 1 if self.ack_len[ep] > 0 else 0
+        self.ini[ep].outstanding -= 1
+        self.ini[ep].ack_len -= 1
+        self.ack_lo[ep] = self.ack_lo[ep] + 1 if self.ini[ep].ack_len > 0 else 0
 
     cdef int ack_push(self, int32_t ep, int64_t t) except -1:
         cdef int64_t* h = self.ack_heap[ep]
-        cdef int64_t i, cap, lo = self.ack_lo[ep], n = self.ack_len[ep]
+        cdef int64_t i, cap, lo = self.ack_lo[ep], n = self.ini[ep].ack_len
         if lo + n == self.ack_cap[ep]:
             if lo > 0 and 2 * n <= self.ack_cap[ep]:  # room at the front: move them there
                 memmove(h, h + lo, n * sizeof(int64_t))
@@ -2262,12 +2309,12 @@ cdef class Engine:
             h[i] = h[i - 1]
             i -= 1
         h[i] = t
-        self.ack_len[ep] = n + 1
+        self.ini[ep].ack_len = n + 1
         return 0
 
     cdef void collect_acks(self, int32_t ep) noexcept nogil:
         """Acks back by now free their window slots."""
-        while self.ack_len[ep] > 0 and self.ack_first(ep) <= self.now:
+        while self.ini[ep].ack_len > 0 and self.ack_first(ep) <= self.now:
             self.ack_pop(ep)
 
     cdef inline int64_t ring_base(self, int32_t ep) noexcept nogil:
@@ -2276,40 +2323,40 @@ cdef class Engine:
     cdef int64_t aiv_ready(self, int32_t ep, int64_t row, int32_t shift, int kind) except -2:
         """When AIV initiator ep may issue the first packet of its next message (table row
         ``row``), or -1 if not yet known or not yet due (a wake-up is then scheduled, or its
-        completion will wake it: aiv_done). Its kernel's own work before it (tab_prep) runs from
+        completion will wake it: aiv_done). Its kernel's own work before it (MsgRow.prep) runs from
         when its last FLOW_BASE message was issued (or its op started); a message with flow k
         waits for the one k places before it to be complete; the AIV_RING-th message before must
         be complete too (its ring slot is reused). Its MTE instruction then reaches the wire
-        ini_msg_startup later, after the packets it issued before. On the packet fabric it is
+        its MTE start-up (Ini.msg_startup) later, after the packets it issued before. On the packet fabric it is
         issued when due; on the message-level one up to the look-ahead before (its path is
         reserved from then)."""
-        cdef int64_t s = self.ini_seq[ep], e, t, k, la
+        cdef int64_t s = self.ini[ep].iseq, e, t, k, la
         cdef int64_t r0 = self.ring_base(ep)
         cdef int32_t op
-        if s >= AIV_RING and self.ring_left[r0 + s % AIV_RING] > 0:
-            self.ini_wait[ep - self.n_eps] = s - AIV_RING
+        if s >= AIV_RING and self.ring_slot[r0 + s % AIV_RING].left > 0:
+            self.ini[ep].wait = s - AIV_RING
             return -1
-        op = (self.tab_send[row] if kind == MSG_WRITE else self.tab_recv[row]) + shift
-        t = self.ops[op].start + self.ep_startup[ep]
-        if self.ini_base[ep] > t:
-            t = self.ini_base[ep]
-        t += self.tab_prep[row]
-        k = self.tab_flow[row] & FLOW_AFTER_MASK
+        op = (self.mt[row].send if kind == MSG_WRITE else self.mt[row].recv) + shift
+        t = self.ops[op].start + self.ini[ep].startup
+        if self.ini[ep].base > t:
+            t = self.ini[ep].base
+        t += self.mt[row].prep
+        k = self.mt[row].flow & FLOW_AFTER_MASK
         if k > 0 and s >= k:
             e = r0 + (s - k) % AIV_RING
-            if self.ring_left[e] > 0:
-                self.ini_wait[ep - self.n_eps] = s - k
+            if self.ring_slot[e].left > 0:
+                self.ini[ep].wait = s - k
                 return -1
-            if self.ring_t[e] > t:
-                t = self.ring_t[e]
-        t += self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)]
-        if t < self.ep_issue_free[ep]:
-            t = self.ep_issue_free[ep]
+            if self.ring_slot[e].t > t:
+                t = self.ring_slot[e].t
+        t += self.ini[ep].msg_startup[(kind if kind < 2 else 1)]
+        if t < self.ini[ep].issue_free:
+            t = self.ini[ep].issue_free
         if t < self.now:
             t = self.now
         # Its instruction is issued its start-up before its first packet leaves: on the
         # message-level fabric its path is reserved from then, up to the look-ahead ahead.
-        la = self.aiv_lookahead + self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)] if (
+        la = self.aiv_lookahead + self.ini[ep].msg_startup[(kind if kind < 2 else 1)] if (
             kind == MSG_WRITE and self.lookahead > 0) else 0
         if t > self.now + la:
             # Woken when its instruction is due, it reserves then everything due within the
@@ -2321,27 +2368,27 @@ cdef class Engine:
     cdef int64_t ini_start_issue(self, int32_t ep, int64_t row, int64_t t, int kind) except -1:
         """AIV initiator ep issues its next message (table row ``row``) at t (aiv_ready), or at
         its issue time if that is later: its number, its ring slot, its base."""
-        cdef int64_t e = self.ring_base(ep) + self.ini_seq[ep] % AIV_RING
-        if t < self.ep_issue_free[ep]:
-            t = self.ep_issue_free[ep]
-        self.ep_issue_free[ep] = t
-        self.ini_seq[ep] += 1
-        self.ring_t[e] = 0
-        self.ring_left[e] = <int32_t>self.epq[ep].npk
-        if self.tab_flow[row] & FLOW_BASE:
-            self.ini_base[ep] = t - self.ini_msg_startup[2 * ep + (kind if kind < 2 else 1)]
+        cdef int64_t e = self.ring_base(ep) + self.ini[ep].iseq % AIV_RING
+        if t < self.ini[ep].issue_free:
+            t = self.ini[ep].issue_free
+        self.ini[ep].issue_free = t
+        self.ini[ep].iseq += 1
+        self.ring_slot[e].t = 0
+        self.ring_slot[e].left = <int32_t>self.ini[ep].npk
+        if self.mt[row].flow & FLOW_BASE:
+            self.ini[ep].base = t - self.ini[ep].msg_startup[(kind if kind < 2 else 1)]
         return t
 
     cdef int aiv_done(self, int32_t ep, int32_t iseq, int64_t t) except -1:
         """A packet of AIV initiator ep's message number iseq is complete at t (acked, or its read
         data back): the message is, with its last; wake the AIV if it waits for it."""
         cdef int64_t e = self.ring_base(ep) + iseq % AIV_RING
-        if t > self.ring_t[e]:
-            self.ring_t[e] = t
-        self.ring_left[e] -= 1
-        if self.ring_left[e] == 0 and self.ini_wait[ep - self.n_eps] == iseq:
-            self.ini_wait[ep - self.n_eps] = -1
-            self.wake_at(ep, self.ring_t[e] if self.ring_t[e] > self.now else self.now)
+        if t > self.ring_slot[e].t:
+            self.ring_slot[e].t = t
+        self.ring_slot[e].left -= 1
+        if self.ring_slot[e].left == 0 and self.ini[ep].wait == iseq:
+            self.ini[ep].wait = -1
+            self.wake_at(ep, self.ring_slot[e].t if self.ring_slot[e].t > self.now else self.now)
         return 0
 
     cdef int inject(self, int32_t ep) except -1:
@@ -2349,7 +2396,7 @@ cdef class Engine:
         cdef int32_t m, p, first, s, d, op
         cdef int64_t payload, idx, t, seq, row, nbytes, mtu, t0
         cdef int path, kind
-        cdef RunQueue* q = &self.epq[ep]
+        cdef Ini* q = &self.ini[ep]
         self.collect_acks(ep)
         while q.n > 0:
             m = self.op_midx[q.buf[2 * q.head]]
@@ -2357,10 +2404,10 @@ cdef class Engine:
             if seq == 0:  # what its packets have in common, found once a message
                 row = q.row = self.mrow(m)
                 q.shift = self.segs[self.mseg[m]].shift
-                kind = self.tab_kind[row]
-                path = self.tab_path[row]
+                kind = self.mt[row].kind
+                path = self.mt[row].path
                 mtu = self.path_mtu[path]
-                nbytes = self.tab_bytes[row]
+                nbytes = self.mt[row].nbytes
                 q.npk = 1 if nbytes <= mtu else (nbytes + mtu - 1) // mtu  # packets_of
                 # A read request carries no data; an atomic's carries its operand.
                 q.wpay = <int32_t>(0 if kind == MSG_READ else (mtu if nbytes > mtu else nbytes))
@@ -2370,36 +2417,36 @@ cdef class Engine:
                     q.plane = <int32_t>(idx % self.P)
                     q.uplink = <int32_t>(idx // self.P)
             row = q.row
-            kind = self.tab_kind[row]
-            if seq == 0 and self.ini_tracked[ep]:
+            kind = self.mt[row].kind
+            if seq == 0 and (ep >= self.n_eps):
                 t = self.aiv_ready(ep, row, q.shift, kind)
                 if t < 0:
                     break  # it waits for an earlier message, or for its time (a wake-up is due)
-            if self.ep_outstanding[ep] >= self.ep_max_out[ep] and not (self.ini_tracked[ep] and self.lookahead > 0):
+            if self.ini[ep].outstanding >= self.ini[ep].max_out and not ((ep >= self.n_eps) and self.lookahead > 0):
                 # The window is full. On the message-level fabric a write's packet may take the
                 # slot of an ack due within the look-ahead, and leave no earlier than that ack.
                 # Only while every slot in flight is a write's, whose ack time is known (a read
                 # frees its slot when its response is back, which is not yet known). (An AIV's
                 # messages there are bounded by its kernel's waits and its ring of messages, not
                 # by the packets it reserved ahead.)
-                if (self.lookahead == 0 or kind != MSG_WRITE or self.ack_len[ep] == 0
-                        or self.ack_len[ep] != self.ep_outstanding[ep]
+                if (self.lookahead == 0 or kind != MSG_WRITE or self.ini[ep].ack_len == 0
+                        or self.ini[ep].ack_len != self.ini[ep].outstanding
                         or self.ack_first(ep) > self.now + self.lookahead):
                     break
-                if self.ack_first(ep) > self.ep_issue_free[ep]:
-                    self.ep_issue_free[ep] = self.ack_first(ep)
+                if self.ack_first(ep) > self.ini[ep].issue_free:
+                    self.ini[ep].issue_free = self.ack_first(ep)
                 self.ack_pop(ep)
-            if self.ini_tracked[ep]:
+            if (ep >= self.n_eps):
                 if seq == 0:
                     t = self.ini_start_issue(ep, row, t, kind)
-                elif self.lookahead == 0 and self.ep_issue_free[ep] > self.now:
+                elif self.lookahead == 0 and self.ini[ep].issue_free > self.now:
                     # On the packet fabric a core's packet joins its port's queue when it is
                     # issued, not before: there it would hold up the other cores' packets.
-                    self.wake_at(ep, self.ep_issue_free[ep])
+                    self.wake_at(ep, self.ini[ep].issue_free)
                     break
-            path = self.tab_path[row]
+            path = self.mt[row].path
             mtu = self.path_mtu[path]
-            nbytes = self.tab_bytes[row]
+            nbytes = self.mt[row].nbytes
             payload = nbytes - seq * mtu
             if payload > mtu:
                 payload = mtu  # every packet but the last is a full MTU
@@ -2409,7 +2456,7 @@ cdef class Engine:
             self.pkts[p].seq = <int32_t>seq
             self.pkts[p].leg = 0
             self.pkts[p].hop = 0
-            self.pkts[p].iseq = <int32_t>(self.ini_seq[ep] - 1)
+            self.pkts[p].iseq = <int32_t>(self.ini[ep].iseq - 1)
             self.pkts[p].in_link = -1
             self.pkts[p].vl = 0
             self.pkts[p].ptype = PKT_WRITE if kind == MSG_WRITE else PKT_READ_REQ
@@ -2440,43 +2487,42 @@ cdef class Engine:
                 if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
                     q.head = (q.head + 1) & (q.cap - 1)
                     q.n -= 1
-            if not self.ini_tracked[ep] or self.lookahead == 0 or kind != MSG_WRITE:
-                self.ep_outstanding[ep] += 1
+            if not (ep >= self.n_eps) or self.lookahead == 0 or kind != MSG_WRITE:
+                self.ini[ep].outstanding += 1
             # Issued one issue time after the previous packet, and not before its message's
             # start; it waits in its port's queue until then.
-            if self.ep_issue_free[ep] < self.now:
-                self.ep_issue_free[ep] = self.now
-            op = self.tab_send[row] if kind == MSG_WRITE else self.tab_recv[row]
-            t = self.ops[op + q.shift].start + self.ep_startup[ep]
-            if self.ep_issue_free[ep] < t:
-                self.ep_issue_free[ep] = t
-            self.pkts[p].ready = self.ep_issue_free[ep]
-            self.ep_issue_free[ep] += self.ep_issue[ep * 2 + (kind if kind < 2 else 1)]
+            if self.ini[ep].issue_free < self.now:
+                self.ini[ep].issue_free = self.now
+            op = self.mt[row].send if kind == MSG_WRITE else self.mt[row].recv
+            t = self.ops[op + q.shift].start + self.ini[ep].startup
+            if self.ini[ep].issue_free < t:
+                self.ini[ep].issue_free = t
+            self.pkts[p].ready = self.ini[ep].issue_free
+            self.ini[ep].issue_free += self.ini[ep].issue[(kind if kind < 2 else 1)]
             if kind == MSG_WRITE:  # leg_ends: a read's request goes from its destination
-                s, d = self.tab_src[row], self.tab_dst[row]
+                s, d = self.mt[row].src, self.mt[row].dst
             else:
-                s, d = self.tab_dst[row], self.tab_src[row]
+                s, d = self.mt[row].dst, self.mt[row].src
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             if self.lookahead > 0 and kind == MSG_WRITE:
                 self.path_reserve(p, first, self.pkts[p].ready, row)
                 continue
             self.voq_append(first, 0, p)
             self.try_transmit(first)
-        if (q.n > 0 and self.ack_len[ep] > 0 and self.ep_outstanding[ep] >= self.ep_max_out[ep]
-                and not (self.ini_tracked[ep] and self.lookahead > 0)):
+        if (q.n > 0 and self.ini[ep].ack_len > 0 and self.ini[ep].outstanding >= self.ini[ep].max_out
+                and not ((ep >= self.n_eps) and self.lookahead > 0)):
             self.wake_at(ep, self.ack_first(ep))  # the window is full: wake when a slot frees
         return 0
 
     cdef int wake_at(self, int32_t ep, int64_t t) except -1:
-        if not self.ep_wake_pending[ep] or t < self.ep_wake_at[ep]:
-            self.ep_wake_pending[ep] = 1
-            self.ep_wake_at[ep] = t
+        if t < self.ini[ep].wake_at:  # (INT64_MAX: no wake-up pending)
+            self.ini[ep].wake_at = t
             self.push(t, EV_WAKE, ep)
         return 0
 
     cdef int on_wake(self, int32_t ep) except -1:
-        if self.now == self.ep_wake_at[ep]:
-            self.ep_wake_pending[ep] = 0
+        if self.now == self.ini[ep].wake_at:
+            self.ini[ep].wake_at = INT64_MAX
         self.inject(ep)
         return 0
 
@@ -2568,9 +2614,9 @@ cdef class Engine:
                 t += self.ep_write_lat[self.m_src(m)]
             self.push(t, EV_RESP_INJECT, p)
         else:  # read response, back at the initiator
-            d = self.tab_ini[self.mrow(m)]
-            self.ep_outstanding[d] -= 1
-            if self.ini_tracked[d]:
+            d = self.mt[self.mrow(m)].ini
+            self.ini[d].outstanding -= 1
+            if (d >= self.n_eps):
                 self.aiv_done(d, self.pkts[p].iseq, self.now)
             self.packet_release(p)
             self.msg_left[m] -= 1
