@@ -12,8 +12,8 @@ import numpy as np
 
 from cmemu._core import make_engine
 from cmemu._core.synthetic import traffic_workload
+from cmemu.fabric import build_fabric
 from cmemu.lower import lower
-from cmemu.lower.fabric import build_fabric
 from cmemu.scenarios.common import trace_doc
 from cmemu.scenarios.moe_comm import moe_nodes
 from cmemu.spec import load_system

@@ -20,10 +20,11 @@ POST_BUDGET_S = 8.0
 def _post_stage(tmp_path, layers: int) -> dict:
     import cmemu.output.hdf5 as H
     import cmemu.run as R
+    import cmemu.run.pipeline as P
 
     trace = decode_trace(tmp_path, layers)
     marks = {}
-    check, write = R.check_invariants, H.write_timeline
+    check, write = P.check_invariants, H.write_timeline
 
     def timed_check(full):
         marks["post"] = time.perf_counter()
@@ -33,12 +34,12 @@ def _post_stage(tmp_path, layers: int) -> dict:
         marks["write"] = time.perf_counter()
         return write(*args, **kwargs)
 
-    R.check_invariants, H.write_timeline = timed_check, timed_write
+    P.check_invariants, H.write_timeline = timed_check, timed_write
     try:
         R.run_trace(trace, output=tmp_path / f"{layers}.h5", fabric_model="message", progress=False,
                     max_memory_bytes=64 * 2**30)
     finally:
-        R.check_invariants, H.write_timeline = check, write
+        P.check_invariants, H.write_timeline = check, write
     end = time.perf_counter()
     return {"build_s": marks["write"] - marks["post"], "write_s": end - marks["write"], "post_s": end - marks["post"]}
 

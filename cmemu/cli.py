@@ -54,7 +54,7 @@ def main():
 def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
         pipe_intervals, fabric_model, retime):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
-    from cmemu.run import run_trace
+    from cmemu.run.pipeline import run_trace
 
     if output is None:
         stem = trace.name.removesuffix(".jsonl").removesuffix(".json")
@@ -186,7 +186,7 @@ def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fai
     needs and the clock's range (one line, "cmemu: error: ...", once the nodes are valid).
     """
     from cmemu.errors import TraceError
-    from cmemu.run import prepare_run
+    from cmemu.run.pipeline import prepare_run
 
     try:
         prep = prepare_run(path, system=system, overrides=overrides, max_memory_bytes=max_memory, detail=detail,

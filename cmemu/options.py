@@ -3,7 +3,8 @@
 options from these (``RUN_OPTIONS[name].option()`` as a click decorator, ``.param()`` as a click
 parameter to convert and default a value the way the command would).
 
-The choices are cmemu.vocab's; the default system is cmemu.spec's.
+The choices are cmemu.vocab's; the default system is cmemu.spec's, the pipe intervals'
+cmemu.results.limits'.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import click
 
 from cmemu.clihelpers import MemorySize
+from cmemu.results.limits import DEFAULT_PIPE_INTERVALS
 from cmemu.spec.load import DEFAULT_SYSTEM
 from cmemu.vocab import COMPRESSIONS, DETAILS, ENGINES, FABRICS
 
@@ -23,8 +25,6 @@ DEFAULT_COMPRESSION = "gzip"
 DEFAULT_DETAIL = "tasks"
 DEFAULT_FABRIC = "packet"
 DEFAULT_LINK_BIN_NS = 10_000  # per-link counters in bins of 10 us (0 turns them off)
-# /tasks: the die model's busy intervals per COMP op and pipe (cmemu run --pipe-intervals).
-DEFAULT_PIPE_INTERVALS = 16
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from cmemu.errors import SimulationError, TraceError
+from cmemu.fabric import build_fabric
 from cmemu.run import run_trace
 from cmemu.spec import load_system
-from cmemu.lower.fabric import build_fabric
 from cmemu.topology import build_topology
 from conftest import TRACES
 

@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
+from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.common import trace_doc
 from cmemu.scenarios.moe_comm import moe_nodes, run_collectives

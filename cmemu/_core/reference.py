@@ -13,8 +13,8 @@ import numpy as np
 from cmemu.errors import DieFailedError, UnroutableError
 from cmemu._core import hbm_sharing, merge_link_series, op_message_lists
 
+from cmemu.fabric import AIV_MESSAGES_IN_FLIGHT as AIV_RING, NUM_VLS, path_hashes
 from cmemu.lower.comm import FLOW_AFTER_MASK, FLOW_BASE
-from cmemu.lower.fabric import AIV_MESSAGES_IN_FLIGHT as AIV_RING, NUM_VLS, path_hashes
 from cmemu.vocab import (
     LB_SPRAY,
     MSG_ATOMIC,

@@ -1,5 +1,7 @@
 """The fabric the packet engine runs on: topology + spec compiled into flat integer arrays.
 
+The topology's layer (beside cmemu.topology): the system's tables, not a lowering of the trace.
+
 Everything the engine needs to move packets lives here as numpy arrays: per link its rate,
 latency, credits per virtual lane and where its virtual output queues start; per endpoint its
 start-up, target access latencies, sink rate, outstanding limit and issue times; the packet
