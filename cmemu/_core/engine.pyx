@@ -64,7 +64,7 @@ from cmemu._core.vocab cimport (
     PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC, PKT_ACK, PKT_READ_REQ, PKT_READ_RESP, PKT_WRITE,
 )
 
-# Virtual lanes per link (cmemu.lower.fabric.NUM_VLS; tests/test_vocab.py checks it).
+# Virtual lanes per link (cmemu.fabric.NUM_VLS; tests/test_vocab.py checks it).
 cdef enum:
     NUM_VLS = 2
 
@@ -86,7 +86,7 @@ cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
 # Units of a die's HBM share clock (see hbm_change): 1/HBM_SCALE ps of capacity-time.
 cdef int64_t HBM_SCALE = 1024
 cdef int64_t HBM_REBASE = 1 << 61
-cdef uint64_t PATH_HASH_MULT = 0x9E3779B1  # cmemu.lower.fabric.PATH_HASH_MULT
+cdef uint64_t PATH_HASH_MULT = 0x9E3779B1  # cmemu.fabric.PATH_HASH_MULT
 
 cdef struct Event:
     int64_t time
@@ -275,7 +275,7 @@ cdef enum:
     WHEEL_MASK = (1 << 14) - 1
     WHEEL_KEEP = 64  # events a drained bucket keeps room for
     RING = 16  # time bins a link's counters keep open
-    AIV_RING = 32  # cmemu.lower.fabric.AIV_MESSAGES_IN_FLIGHT
+    AIV_RING = 32  # cmemu.fabric.AIV_MESSAGES_IN_FLIGHT
     FLOW_AFTER_MASK = 0x07  # cmemu.lower.comm
     FLOW_BASE = 0x10
 
@@ -312,7 +312,7 @@ def serialisation_time_ps(nbytes, rate_byte_per_s):
 
 @cython.final
 cdef class Engine:
-    """Replays lowered arrays (``cmemu.lower.Lowered``) on a fabric (``cmemu.lower.fabric``)."""
+    """Replays lowered arrays (``cmemu.lower.Lowered``) on a fabric (``cmemu.fabric``)."""
 
     # Events: a FIFO for the current time, a sorted list for the current wheel bucket, the
     # timing wheel for the next 268 us, and a 4-ary heap beyond it (see `push`).
@@ -467,7 +467,7 @@ cdef class Engine:
     # (path_reserve); an initiator with a full window issues in one event the packets whose slots
     # free within ``lookahead`` ps (inject). 0: packet level.
     cdef int64_t lookahead
-    cdef int64_t aiv_lookahead  # the same for an AIV's writes (cmemu.lower.fabric.FABRIC_MODELS)
+    cdef int64_t aiv_lookahead  # the same for an AIV's writes (cmemu.fabric.FABRIC_MODELS)
     cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
     cdef int64_t ack_rate, ack_path, ack_ps  # and the last ack's
 
@@ -598,7 +598,7 @@ cdef class Engine:
         self.n_eps = n_eps
         tracked = np.asarray(F.ini_tracked).astype(bool)
         if not np.array_equal(tracked, np.arange(n_ini) >= n_eps):
-            raise ValueError("the initiators are the endpoints' own and then AIVs (cmemu.lower.fabric)")
+            raise ValueError("the initiators are the endpoints' own and then AIVs (cmemu.fabric)")
         issue = np.asarray(F.ep_issue_ps, dtype=np.int64).reshape(n_ini, 2)
         msg_startup = np.asarray(F.ini_msg_startup_ps, dtype=np.int64).reshape(n_ini, 2)
         for name, value in (("a packet's issue time", issue), ("an MTE instruction's start-up", msg_startup)):
@@ -1156,7 +1156,7 @@ cdef class Engine:
         return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + q]
 
     cdef inline int64_t path_hash(self, int32_t m, int64_t row) noexcept nogil:
-        """Message m's path hash (cmemu.lower.fabric.path_hashes); ``row``: its table row."""
+        """Message m's path hash (cmemu.fabric.path_hashes); ``row``: its table row."""
         cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.mt[row].src * 7919
                            + <uint64_t>self.mt[row].dst * 104729)
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
@@ -2833,7 +2833,7 @@ cdef class Engine:
 
 def engine_codes() -> dict:
     """The engine's compiled codes and constants that Python defines too, by their Python names
-    (tests/test_vocab.py checks them against cmemu.vocab, cmemu.lower.fabric and cmemu.lower.comm)."""
+    (tests/test_vocab.py checks them against cmemu.vocab, cmemu.fabric and cmemu.lower.comm)."""
     return {
         "OP_KIND_COMP": OP_KIND_COMP, "OP_KIND_SEND": OP_KIND_SEND, "OP_KIND_RECV": OP_KIND_RECV,
         "OP_KIND_MEM": OP_KIND_MEM,
