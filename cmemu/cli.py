@@ -30,9 +30,23 @@ def _system_options(fn):
 @click.version_option(package_name="cmemu")
 def main():
     """cmemu: a cycle-approximate emulator of the Huawei CloudMatrix384 supernode."""
+    import warnings
+
     from cmemu.kernels import COMPILE_NOTICE, tell_compiles
 
     tell_compiles(lambda: click.echo(COMPILE_NOTICE, err=True))
+    warnings.showwarning = _show_warning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """cmemu's own warnings (what a run leaves out, and why) as one line for the user, not as a
+    Python warning with its source line; other packages' warnings as Python prints them."""
+    import warnings
+
+    if category is UserWarning and "cmemu" in str(filename):
+        click.echo(f"cmemu: warning: {message}", err=True)
+    else:
+        click.echo(warnings.formatwarning(message, category, filename, lineno, line).rstrip(), err=True)
 
 
 @main.command()
