@@ -255,6 +255,16 @@ cdef struct MsgRow:
     uint8_t pad[3]
 
 
+cdef struct RecvBuf:
+    # Message-level fabric: the bytes a link's receive buffer (per lane, at its far end) holds
+    # over time, from the packets reserved through it: (time, bytes from then on) pairs, sorted by
+    # time, e[0: 2 * n]; none before the first (see buf_hold).
+    int64_t* e
+    int32_t n
+    int32_t cap     # int64s allocated
+    int64_t limit   # its credits (fabric.link_credit_byte); -1: not flow-controlled
+
+
 cdef struct Seg:
     # A run of messages that are a template's (cmemu.lower.Lowered.msg_segments).
     int64_t lo      # its first message
@@ -424,6 +434,7 @@ cdef class Engine:
     cdef uint64_t[::1] voq_mask   # per link, one bit per VOQ that holds packets
     cdef LinkInfo* lk  # per link, what a transmission reads and writes
     cdef LinkInfo* sk  # per endpoint with a sink rate, the sink's calendar (message-level fabric)
+    cdef RecvBuf* rb   # per link, its receive buffer's bytes over time ("message-bp"; else NULL)
     cdef int64_t n_links
     cdef int64_t[::1] link_ack      # an ack's serialisation and latency on the link (ack_trip)
     cdef uint8_t[::1] link_ack_path  # the path it was worked out for, plus one (0: not yet)
@@ -473,6 +484,7 @@ cdef class Engine:
 
     def __cinit__(self):
         self.lk = NULL
+        self.rb = NULL
         self.ops = NULL
         self.ack_heap = NULL
         self.ini = NULL
@@ -724,6 +736,13 @@ cdef class Engine:
 
         if self.lookahead > 0 and F.fail_time_ps.shape[0] > 0:
             raise ValueError("the message-level fabric does not model failures during a run")
+        cdef const int64_t[::1] credit = F.link_credit_byte
+        if self.lookahead > 0 and getattr(F, "message_backpressure", False):
+            self.rb = <RecvBuf*>calloc(max(n_links, 1), sizeof(RecvBuf))
+            if self.rb == NULL:
+                raise MemoryError("receive buffers")
+            for i in range(n_links):
+                self.rb[i].limit = credit[i] if credit[i] < (<int64_t>1 << 50) else -1
         self.bin_ps = bin_ps
         self.series_len = 0
         self.series_cap = 1024
@@ -792,6 +811,10 @@ cdef class Engine:
             for i in range(self.n_eps):
                 free(self.sk[i].cal)
             free(self.sk)
+        if self.rb != NULL:
+            for i in range(self.n_links):
+                free(self.rb[i].e)
+            free(self.rb)
         if self.ini != NULL:
             for i in range(self.n_ini):
                 free(self.ini[i].buf)
@@ -836,6 +859,11 @@ cdef class Engine:
         for i in range(self.n_eps):
             free(self.sk[i].cal)
             self.sk[i].cal = NULL
+        if self.rb != NULL:
+            for i in range(self.n_links):
+                free(self.rb[i].e)
+                self.rb[i].e = NULL
+                self.rb[i].n = self.rb[i].cap = 0
         for i in range(self.n_ini):
             free(self.ini[i].buf)
             self.ini[i].buf = NULL
@@ -2103,7 +2131,7 @@ cdef class Engine:
         cdef int32_t s = self.mt[row].src, d = self.mt[row].dst
         cdef int32_t links[8]
         cdef int hop = 0, n = 0, path = self.mt[row].path
-        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1
+        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1, held = 0
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
         # ends, and the open counter bin of its issue time) together rather than one hop after
@@ -2154,6 +2182,10 @@ cdef class Engine:
                     self.ser_ps = serialisation_ps(wire, rate)
                 ser = self.ser_ps
             t = self.cal_take(link, t, ser, wire)
+            if hop > 0 and self.rb != NULL and self.rb[links[hop - 1]].limit >= 0:
+                # It waited in the previous link's receive buffer until it started here.
+                self.buf_hold(links[hop - 1], held, t - ser, wire)
+            held = t - ser
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
             t += self.lk[link].lat
@@ -2299,6 +2331,107 @@ cdef class Engine:
             n += 1
         L.cal_n = <int32_t>n
         return t
+
+    cdef int buf_hold(self, int32_t link, int64_t a, int64_t b, int64_t w) except -1:
+        """Back-pressure on the message-level fabric: a packet of ``w`` wire bytes is in link's
+        receive buffer over [a, b) (from the start of its transmission on the link, when its
+        credit is taken, to its start on the next link, when the credit returns, as on the packet
+        fabric). Where the buffer then has no room for another packet of its size, the link is
+        blocked for every packet (cal_block): on the packet fabric the sender would be out of
+        credits, so nothing, whatever its output, could start on the link then."""
+        cdef RecvBuf* B = &self.rb[link]
+        cdef int64_t* e
+        cdef int64_t n = B.n, i, j, k, lo, lev, x1
+        cdef int64_t* grown
+        if b <= a:
+            return 0
+        if 2 * n + 4 > B.cap:
+            e = B.e
+            k = 0  # entries before the last one at or before now are of no more use
+            while k + 1 < n and e[2 * k + 2] <= self.now:
+                k += 1
+            if k > 0:
+                memmove(e, e + 2 * k, (n - k) * 2 * sizeof(int64_t))
+                n -= k
+            if 2 * n + 4 > B.cap:
+                B.cap = 32 if B.cap == 0 else 2 * B.cap
+                grown = <int64_t*>realloc(B.e, B.cap * sizeof(int64_t))
+                if grown == NULL:
+                    raise MemoryError("receive buffer")
+                B.e = grown
+        e = B.e
+        # i: the first entry at or after a (mostly near the end: scan back).
+        i = n
+        while i > 0 and e[2 * i - 2] >= a:
+            i -= 1
+        if i == n or e[2 * i] != a:
+            lev = e[2 * i - 1] if i > 0 else 0
+            memmove(e + 2 * i + 2, e + 2 * i, (n - i) * 2 * sizeof(int64_t))
+            e[2 * i] = a
+            e[2 * i + 1] = lev
+            n += 1
+        j = i
+        while j < n and e[2 * j] < b:
+            e[2 * j + 1] += w
+            j += 1
+        if j == n or e[2 * j] != b:
+            lev = e[2 * j - 1] - w
+            memmove(e + 2 * j + 2, e + 2 * j, (n - j) * 2 * sizeof(int64_t))
+            e[2 * j] = b
+            e[2 * j + 1] = lev
+            n += 1
+        B.n = <int32_t>n
+        k = i
+        while k < j:
+            if e[2 * k + 1] > B.limit - w:
+                x1 = e[2 * k]
+                while k < j and e[2 * k + 1] > B.limit - w:
+                    k += 1
+                self.cal_block(&self.lk[link], x1, e[2 * k])
+            else:
+                k += 1
+        return 0
+
+    cdef int cal_block(self, LinkInfo* L, int64_t x1, int64_t x2) except -1:
+        """Mark [x1, x2) busy in L's calendar, joining the intervals it meets (buf_hold)."""
+        cdef int64_t* c = L.cal
+        cdef int64_t n = L.cal_n, i, j, hi, mid
+        cdef int64_t* grown
+        i = 0  # the first interval that ends at or after x1
+        hi = n
+        while i < hi:
+            mid = (i + hi) >> 1
+            if c[2 * mid + 1] >= x1:
+                hi = mid
+            else:
+                i = mid + 1
+        j = i  # the first that starts after x2
+        while j < n and c[2 * j] <= x2:
+            j += 1
+        if j > i:
+            if c[2 * i] < x1:
+                x1 = c[2 * i]
+            if c[2 * j - 1] > x2:
+                x2 = c[2 * j - 1]
+            c[2 * i] = x1
+            c[2 * i + 1] = x2
+            if j > i + 1:
+                memmove(c + 2 * i + 2, c + 2 * j, (n - j) * 2 * sizeof(int64_t))
+                n -= j - i - 1
+        else:
+            if n * 2 + 2 > L.cal_cap:
+                L.cal_cap = 16 if L.cal_cap == 0 else 2 * L.cal_cap
+                grown = <int64_t*>realloc(c, L.cal_cap * sizeof(int64_t))
+                if grown == NULL:
+                    raise MemoryError("link calendar")
+                c = grown
+                L.cal = c
+            memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
+            c[2 * i] = x1
+            c[2 * i + 1] = x2
+            n += 1
+        L.cal_n = <int32_t>n
+        return 0
 
     cdef int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
         """cal_reserve on a link, whose counters get the packet's bytes and busy time; returns
