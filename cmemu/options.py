@@ -73,7 +73,9 @@ RUN_OPTIONS = {o.name: o for o in (
         type=click.Choice(FABRICS), default=DEFAULT_FABRIC, show_default=True,
         help="Fabric model. packet: every packet on every link. message: a write packet's whole path is reserved "
              "when it is issued, in each link's idle time, with no events of its own (many times faster on big MoE "
-             "steps; no credit flow control; see docs/model.md); reads stay packets.")),
+             "steps; no credit flow control; see docs/model.md); reads stay packets. message-bp: message with receive "
+             "buffers bounded as credits bound them, a full one blocking the link before it (see docs/model.md, "
+             "\"Back-pressure\").")),
     Option(("--retime",), dict(is_flag=True, help="Time the COMP nodes that give both a measured time and a shape (an "
                                                   "imported profile) by the die model instead, and report how the two "
                                                   "compare (cmemu.lower.retime).")),
