@@ -153,7 +153,15 @@ cdef struct LinkInfo:
     int32_t voq_slots
     uint8_t alive
     uint8_t own_queue  # its far end keeps a queue per input link (fabric.link_own_queue)
-    uint8_t pad[22]
+    uint8_t pad[2]
+    # Message-level fabric with back-pressure ("message-bp"): the bytes the link's receive buffer
+    # (per lane, at its far end) holds over time, from the packets reserved through it: (time,
+    # bytes from then on) pairs, sorted by time, buf[0: 2 * buf_n]; none before the first (see
+    # buf_hold). buf_limit: its credits (fabric.link_credit_byte); 0: not bounded.
+    uint32_t buf_limit
+    int32_t buf_n
+    int32_t buf_cap   # int64s allocated
+    int64_t* buf
 
 
 cdef struct Packet:
@@ -253,16 +261,6 @@ cdef struct MsgRow:
     uint8_t path
     uint8_t flow      # which earlier message of its AIV it waits for (FLOW_AFTER_MASK, FLOW_BASE)
     uint8_t pad[3]
-
-
-cdef struct RecvBuf:
-    # Message-level fabric: the bytes a link's receive buffer (per lane, at its far end) holds
-    # over time, from the packets reserved through it: (time, bytes from then on) pairs, sorted by
-    # time, e[0: 2 * n]; none before the first (see buf_hold).
-    int64_t* e
-    int32_t n
-    int32_t cap     # int64s allocated
-    int64_t limit   # its credits (fabric.link_credit_byte); -1: not flow-controlled
 
 
 cdef struct Seg:
@@ -434,7 +432,7 @@ cdef class Engine:
     cdef uint64_t[::1] voq_mask   # per link, one bit per VOQ that holds packets
     cdef LinkInfo* lk  # per link, what a transmission reads and writes
     cdef LinkInfo* sk  # per endpoint with a sink rate, the sink's calendar (message-level fabric)
-    cdef RecvBuf* rb   # per link, its receive buffer's bytes over time ("message-bp"; else NULL)
+    cdef bint backpressure  # "message-bp": receive buffers bounded (buf_hold)
     cdef int64_t n_links
     cdef int64_t[::1] link_ack      # an ack's serialisation and latency on the link (ack_trip)
     cdef uint8_t[::1] link_ack_path  # the path it was worked out for, plus one (0: not yet)
@@ -484,7 +482,6 @@ cdef class Engine:
 
     def __cinit__(self):
         self.lk = NULL
-        self.rb = NULL
         self.ops = NULL
         self.ack_heap = NULL
         self.ini = NULL
@@ -737,12 +734,9 @@ cdef class Engine:
         if self.lookahead > 0 and F.fail_time_ps.shape[0] > 0:
             raise ValueError("the message-level fabric does not model failures during a run")
         cdef const int64_t[::1] credit = F.link_credit_byte
-        if self.lookahead > 0 and getattr(F, "message_backpressure", False):
-            self.rb = <RecvBuf*>calloc(max(n_links, 1), sizeof(RecvBuf))
-            if self.rb == NULL:
-                raise MemoryError("receive buffers")
-            for i in range(n_links):
-                self.rb[i].limit = credit[i] if credit[i] < (<int64_t>1 << 50) else -1
+        self.backpressure = self.lookahead > 0 and getattr(F, "message_backpressure", False)
+        for i in range(n_links):
+            self.lk[i].buf_limit = <uint32_t>credit[i] if self.backpressure and credit[i] < UINT32_MAX else 0
         self.bin_ps = bin_ps
         self.series_len = 0
         self.series_cap = 1024
@@ -807,14 +801,11 @@ cdef class Engine:
         if self.lk != NULL:
             for i in range(self.n_links):
                 free(self.lk[i].cal)
+                free(self.lk[i].buf)
         if self.sk != NULL:
             for i in range(self.n_eps):
                 free(self.sk[i].cal)
             free(self.sk)
-        if self.rb != NULL:
-            for i in range(self.n_links):
-                free(self.rb[i].e)
-            free(self.rb)
         if self.ini != NULL:
             for i in range(self.n_ini):
                 free(self.ini[i].buf)
@@ -859,11 +850,10 @@ cdef class Engine:
         for i in range(self.n_eps):
             free(self.sk[i].cal)
             self.sk[i].cal = NULL
-        if self.rb != NULL:
-            for i in range(self.n_links):
-                free(self.rb[i].e)
-                self.rb[i].e = NULL
-                self.rb[i].n = self.rb[i].cap = 0
+        for i in range(self.n_links):
+            free(self.lk[i].buf)
+            self.lk[i].buf = NULL
+            self.lk[i].buf_n = self.lk[i].buf_cap = 0
         for i in range(self.n_ini):
             free(self.ini[i].buf)
             self.ini[i].buf = NULL
@@ -2162,12 +2152,17 @@ cdef class Engine:
                 link = self.route_link(path, s, d, plane, uplink, n)
             if link >= 0:
                 raise ValueError("a path of more than 8 links")
+        if self.backpressure:  # the receive buffers' books are in the links' second lines
+            for hop in range(n):
+                cm_prefetch(<char*>&self.lk[links[hop]] + 64)
         if self.bin_ps > 0:
             b = 2 * ((t // self.bin_ps) % RING)
         for hop in range(n):
             L = &self.lk[links[hop]]
             if L.cal_n > 0:
                 cm_prefetch(L.cal + 2 * L.cal_n - 2)
+            if self.backpressure and L.buf_n > 0:
+                cm_prefetch(L.buf + 2 * L.buf_n - 2)
             if self.bin_ps > 0:
                 cm_prefetch(self.ring + <int64_t>links[hop] * RING * 2 + b)
         if path == PATH_UB and self.ub_mirror:
@@ -2182,7 +2177,7 @@ cdef class Engine:
                     self.ser_ps = serialisation_ps(wire, rate)
                 ser = self.ser_ps
             t = self.cal_take(link, t, ser, wire)
-            if hop > 0 and self.rb != NULL and self.rb[links[hop - 1]].limit >= 0:
+            if hop > 0 and self.lk[links[hop - 1]].buf_limit > 0:
                 # It waited in the previous link's receive buffer until it started here.
                 self.buf_hold(links[hop - 1], held, t - ser, wire)
             held = t - ser
@@ -2339,31 +2334,56 @@ cdef class Engine:
         fabric). Where the buffer then has no room for another packet of its size, the link is
         blocked for every packet (cal_block): on the packet fabric the sender would be out of
         credits, so nothing, whatever its output, could start on the link then."""
-        cdef RecvBuf* B = &self.rb[link]
+        cdef LinkInfo* B = &self.lk[link]
         cdef int64_t* e
-        cdef int64_t n = B.n, i, j, k, lo, lev, x1
+        cdef int64_t n = B.buf_n, i, j, k, lev, x1, room = <int64_t>B.buf_limit - w, lo, hi, mid, step
         cdef int64_t* grown
         if b <= a:
             return 0
-        if 2 * n + 4 > B.cap:
-            e = B.e
-            k = 0  # entries before the last one at or before now are of no more use
-            while k + 1 < n and e[2 * k + 2] <= self.now:
-                k += 1
+        if 2 * n + 4 > B.buf_cap:
+            e = B.buf
+            # Entries before the last one at or before now are of no more use (every packet comes
+            # at now or later): k, the first after now, less one.
+            k = 0
+            hi = n
+            while k < hi:
+                mid = (k + hi) >> 1
+                if e[2 * mid] > self.now:
+                    hi = mid
+                else:
+                    k = mid + 1
+            k = k - 1 if k > 0 else 0
             if k > 0:
                 memmove(e, e + 2 * k, (n - k) * 2 * sizeof(int64_t))
                 n -= k
-            if 2 * n + 4 > B.cap:
-                B.cap = 32 if B.cap == 0 else 2 * B.cap
-                grown = <int64_t*>realloc(B.e, B.cap * sizeof(int64_t))
+            if 2 * n + 4 > B.buf_cap:
+                B.buf_cap = 32 if B.buf_cap == 0 else 2 * B.buf_cap
+                grown = <int64_t*>realloc(B.buf, B.buf_cap * sizeof(int64_t))
                 if grown == NULL:
                     raise MemoryError("receive buffer")
-                B.e = grown
-        e = B.e
-        # i: the first entry at or after a (mostly near the end: scan back).
+                B.buf = grown
+        e = B.buf
+        # i: the first entry at or after a: mostly near the end, but packets reserved ahead (an
+        # AIV's, up to its look-ahead) put entries after it, so gallop back from the end, then a
+        # binary search between the last two probes.
         i = n
-        while i > 0 and e[2 * i - 2] >= a:
-            i -= 1
+        if n > 0 and e[2 * n - 2] >= a:
+            hi = n - 1  # at or after a
+            step = 1
+            lo = hi - step
+            while lo >= 0 and e[2 * lo] >= a:
+                hi = lo
+                step *= 2
+                lo = hi - step
+            if lo < 0:
+                lo = -1  # before a (or none)
+            while hi - lo > 1:
+                mid = (lo + hi) >> 1
+                if e[2 * mid] >= a:
+                    hi = mid
+                else:
+                    lo = mid
+            i = hi
         if i == n or e[2 * i] != a:
             lev = e[2 * i - 1] if i > 0 else 0
             memmove(e + 2 * i + 2, e + 2 * i, (n - i) * 2 * sizeof(int64_t))
@@ -2380,14 +2400,14 @@ cdef class Engine:
             e[2 * j] = b
             e[2 * j + 1] = lev
             n += 1
-        B.n = <int32_t>n
+        B.buf_n = <int32_t>n
         k = i
         while k < j:
-            if e[2 * k + 1] > B.limit - w:
+            if e[2 * k + 1] > room:
                 x1 = e[2 * k]
-                while k < j and e[2 * k + 1] > B.limit - w:
+                while k < j and e[2 * k + 1] > room:
                     k += 1
-                self.cal_block(&self.lk[link], x1, e[2 * k])
+                self.cal_block(B, x1, e[2 * k])
             else:
                 k += 1
         return 0
