@@ -157,7 +157,8 @@ cdef struct LinkInfo:
     # Message-level fabric with back-pressure ("message-bp"): the bytes the link's receive buffer
     # (per lane, at its far end) holds over time, from the packets reserved through it: (time,
     # bytes from then on) pairs, sorted by time, buf[0: 2 * buf_n]; none before the first (see
-    # buf_hold). buf_limit: its credits (fabric.link_credit_byte); 0: not bounded.
+    # buf_hold). buf_limit: its credits (fabric.link_credit_byte); 0: not bounded (not a UB link, or
+    # credits of 4 GiB or more, which no run fills).
     uint32_t buf_limit
     int32_t buf_n
     int32_t buf_cap   # int64s allocated
