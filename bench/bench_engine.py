@@ -9,7 +9,7 @@ import pytest
 
 from cmemu._core import make_engine
 from cmemu._core.synthetic import hold_workload, traffic_workload
-from cmemu.lower.fabric import build_fabric
+from cmemu.fabric import build_fabric
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 

@@ -13,9 +13,9 @@ import numpy as np
 
 from cmemu._core import make_engine
 from cmemu._core.synthetic import traffic_workload
+from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND

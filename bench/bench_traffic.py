@@ -10,7 +10,7 @@ per second of the engine's wall time, and events per second.
 Gated: ratios in the same run only. Both models accept the offered load (none saturates at 50%);
 the message-level model simulates the same packets with fewer events.
 """
-from cmemu.lower.fabric import build_fabric
+from cmemu.fabric import build_fabric
 from cmemu.scenarios.traffic import Traffic, run_point, sub_plane_spec
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

@@ -30,9 +30,23 @@ def _system_options(fn):
 @click.version_option(package_name="cmemu")
 def main():
     """cmemu: a cycle-approximate emulator of the Huawei CloudMatrix384 supernode."""
+    import warnings
+
     from cmemu.kernels import COMPILE_NOTICE, tell_compiles
 
     tell_compiles(lambda: click.echo(COMPILE_NOTICE, err=True))
+    warnings.showwarning = _show_warning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """cmemu's own warnings (what a run leaves out, and why) as one line for the user, not as a
+    Python warning with its source line; other packages' warnings as Python prints them."""
+    import warnings
+
+    if category is UserWarning and "cmemu" in str(filename):
+        click.echo(f"cmemu: warning: {message}", err=True)
+    else:
+        click.echo(warnings.formatwarning(message, category, filename, lineno, line).rstrip(), err=True)
 
 
 @main.command()
@@ -54,7 +68,7 @@ def main():
 def run(trace, output, system, overrides, engine, quiet, max_memory, compression, detail, link_bin_ns, fail,
         pipe_intervals, fabric_model, retime):
     """Replay TRACE (JSON or JSONL, see docs/trace-format.md) and write an HDF5 timeline."""
-    from cmemu.run import run_trace
+    from cmemu.run.pipeline import run_trace
 
     if output is None:
         stem = trace.name.removesuffix(".jsonl").removesuffix(".json")
@@ -186,7 +200,7 @@ def trace_validate(path, system, overrides, max_memory, link_bin_ns, detail, fai
     needs and the clock's range (one line, "cmemu: error: ...", once the nodes are valid).
     """
     from cmemu.errors import TraceError
-    from cmemu.run import prepare_run
+    from cmemu.run.pipeline import prepare_run
 
     try:
         prep = prepare_run(path, system=system, overrides=overrides, max_memory_bytes=max_memory, detail=detail,

@@ -172,10 +172,12 @@ GENERATORS = {g.name: g for g in (
             _o("--reuse", type=click.FloatRange(0, 1), default=0.0, show_default=True,
                help="Prefill: EMS context-cache reuse rate (share of each prompt's KV fetched, not recomputed)."),
             _o("--micro-batches", type=click.Choice(["1", "2"]), default="2", show_default=True),
-            _o("--attn-aic", type=click.IntRange(min=1), default=16, show_default=True,
-               help="Decode: AIC of the attention stream (each with two AIV)."),
-            _o("--moe-aic", type=click.IntRange(min=1), default=8, show_default=True,
-               help="Decode: AIC of the FFN/MoE stream (each with two AIV)."),
+            _o("--attn-aic", type=click.IntRange(min=1), default=None,
+               help="Decode: AIC of the attention stream (each with two AIV) [default: 16 of the die's 24 with "
+                    "two micro-batches, the whole die with one]."),
+            _o("--moe-aic", type=click.IntRange(min=1), default=None,
+               help="Decode: AIC of the FFN/MoE stream (each with two AIV) [default: 8 of the die's 24 with two "
+                    "micro-batches, the whole die with one]."),
             _o("--mtp/--no-mtp", default=None,
                help="Decode: multi-token prediction (two tokens per request per step) [default: on if the model "
                     "has an MTP module]."),

@@ -32,7 +32,7 @@ def import_ascend_to_file(root, output, spec: SystemSpec, step=None, deps="time"
 def import_chakra_to_file(prefix, output, system=None, overrides=()) -> list[str]:
     """Import a Chakra ET and write the trace; the system is ``system``, else a cmemu export's
     own, else the default. The lines to print."""
-    from cmemu.run import resolve_system
+    from cmemu.run.pipeline import resolve_system
     from cmemu.trace.importers.chakra import chakra_to_doc
 
     doc, unmapped = chakra_to_doc(str(prefix), system)
@@ -48,7 +48,7 @@ def import_chakra_to_file(prefix, output, system=None, overrides=()) -> list[str
 def export_chakra(path, prefix, system=None, overrides=()) -> list[str]:
     """Load a cmemu trace (checked against its system) and write it as Chakra ET files,
     ``PREFIX.{rank}.et``. The lines to print."""
-    from cmemu.run import resolve_system
+    from cmemu.run.pipeline import resolve_system
     from cmemu.trace import load_trace, read_trace
     from cmemu.trace.importers.chakra import require_chakra, trace_to_chakra
 

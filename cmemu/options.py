@@ -3,7 +3,8 @@
 options from these (``RUN_OPTIONS[name].option()`` as a click decorator, ``.param()`` as a click
 parameter to convert and default a value the way the command would).
 
-The choices are cmemu.vocab's; the default system is cmemu.spec's.
+The choices are cmemu.vocab's; the default system is cmemu.spec's, the pipe intervals'
+cmemu.results.limits'.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import click
 
 from cmemu.clihelpers import MemorySize
+from cmemu.results.limits import DEFAULT_PIPE_INTERVALS
 from cmemu.spec.load import DEFAULT_SYSTEM
 from cmemu.vocab import COMPRESSIONS, DETAILS, ENGINES, FABRICS
 
@@ -23,8 +25,6 @@ DEFAULT_COMPRESSION = "gzip"
 DEFAULT_DETAIL = "tasks"
 DEFAULT_FABRIC = "packet"
 DEFAULT_LINK_BIN_NS = 10_000  # per-link counters in bins of 10 us (0 turns them off)
-# /tasks: the die model's busy intervals per COMP op and pipe (cmemu run --pipe-intervals).
-DEFAULT_PIPE_INTERVALS = 16
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,9 @@ RUN_OPTIONS = {o.name: o for o in (
         type=click.Choice(FABRICS), default=DEFAULT_FABRIC, show_default=True,
         help="Fabric model. packet: every packet on every link. message: a write packet's whole path is reserved "
              "when it is issued, in each link's idle time, with no events of its own (many times faster on big MoE "
-             "steps; no credit flow control; see docs/model.md); reads stay packets.")),
+             "steps; no credit flow control; see docs/model.md); reads stay packets. message-bp: message with receive "
+             "buffers bounded as credits bound them, a full one blocking the link before it (see docs/model.md, "
+             "\"Back-pressure\").")),
     Option(("--retime",), dict(is_flag=True, help="Time the COMP nodes that give both a measured time and a shape (an "
                                                   "imported profile) by the die model instead, and report how the two "
                                                   "compare (cmemu.lower.retime).")),

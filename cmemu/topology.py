@@ -19,7 +19,7 @@ between nodes.
 
 The VPC plane: every die and CPU has a link to its node's DPU (a Qingtian card), and each DPU one
 400 Gb/s port into the VPC network, modelled as one switch. The packet engine computes routes
-hop by hop from these tables (cmemu/lower/fabric.py).
+hop by hop from these tables (cmemu/fabric.py).
 """
 from __future__ import annotations
 

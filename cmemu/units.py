@@ -66,7 +66,9 @@ _SIZE_SUFFIX = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 2**20, "
                 "G": 2**30, "GB": 2**30, "GIB": 2**30}
 
 
-MAX_SIZE_BYTE = 2**53  # as a trace's sizes (cmemu.trace.ir.MAX_INT): exact in a double, and in an int64
+# The largest integer a trace holds (its ids, sizes and counts; cmemu.trace.check): JSON numbers
+# beyond 2**53 are not exact in a double, so no tool chain can be trusted with them. An int64 holds it.
+MAX_TRACE_INT = 2**53
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -78,7 +80,7 @@ def parse_sizes(text: str) -> list[int]:
         suffix = part[len(num):].upper()
         if not (num.isascii() and num.isdigit()) or suffix not in _SIZE_SUFFIX or int(num) * _SIZE_SUFFIX[suffix] <= 0:
             raise CmemuError(f"'{part[:40]}' is not a size in bytes (e.g. 64, 4K, 1M)")
-        if int(num) * _SIZE_SUFFIX[suffix] > MAX_SIZE_BYTE:
+        if int(num) * _SIZE_SUFFIX[suffix] > MAX_TRACE_INT:
             raise CmemuError(f"'{part[:40]}' is more than 2**53 bytes, the largest size a trace holds")
         out.append(int(num) * _SIZE_SUFFIX[suffix])
     return out

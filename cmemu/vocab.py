@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # -- what a run is asked for (`cmemu run` options) ---------------------------------------------
 ENGINES = ("native", "reference")  # the Cython kernel, or its pure-Python reference
-FABRICS = ("packet", "message")  # fabric models; cmemu.lower.fabric.FABRIC_MODELS: each one's look-ahead
+FABRICS = ("packet", "message", "message-bp")  # fabric models; cmemu.fabric.FABRIC_MODELS: each one's look-ahead
 DETAILS = ("ops", "tasks", "packets")  # what the timeline records
 COMPRESSIONS = ("gzip", "lzf", "none")  # of the timeline's datasets
 

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
+from cmemu.fabric import aiv_initiator, build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import FLOW_BASE, MessageTable
-from cmemu.lower.fabric import aiv_initiator, build_fabric
 from cmemu.run import simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

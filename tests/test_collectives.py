@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from cmemu.fabric import build_fabric
 from cmemu.lower import lower
 from cmemu.workload.moe import dispatch_payload_byte, moe_routing
-from cmemu.lower.fabric import build_fabric
 from cmemu.run import run_trace, simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

@@ -2,7 +2,7 @@
 import pytest
 
 from cmemu.ems import EMSPool, prefix_keys
-from cmemu.lower.fabric import build_fabric
+from cmemu.fabric import build_fabric
 from cmemu.scenarios.ems import fetch_ps
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

@@ -8,9 +8,9 @@ import pytest
 from cmemu._core import make_engine
 from cmemu.ems import EMSPool, prefix_keys
 from cmemu.errors import CmemuError, TraceError
+from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
 from cmemu.scenarios import run_scenario
 from cmemu.scenarios.common import run_doc, trace_doc
 from cmemu.scenarios.prefill import prefill_metrics, run_prefill

@@ -6,7 +6,7 @@ from cmemu._core import make_engine
 from cmemu._core.engine import serialisation_time_ps as native_serialisation
 from cmemu._core.reference import serialisation_time_ps as reference_serialisation
 from cmemu._core.synthetic import hold_workload, traffic_workload
-from cmemu.lower.fabric import build_fabric
+from cmemu.fabric import build_fabric
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from cmemu.errors import SpecError
+from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.ub_p2p import all_to_all, bandwidth_byte_per_s, latency_ps
 from cmemu.spec import load_system

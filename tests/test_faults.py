@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from cmemu.errors import CmemuError, SimulationError
+from cmemu.fabric import build_fabric
 from cmemu.faults import FaultError, parse_failures
-from cmemu.lower.fabric import build_fabric
 from cmemu.run import run_trace
 from cmemu.scenarios.ub_p2p import all_to_all
 from cmemu.spec import load_system

@@ -125,7 +125,8 @@ def _tiny_trace(tmp_path):
 
 
 def test_interrupt_between_engine_slices_in_process(tmp_path, monkeypatch):
-    import cmemu.run
+    import cmemu.run.pipeline
+    import cmemu.run.progress
 
     slices = []
 
@@ -134,8 +135,8 @@ def test_interrupt_between_engine_slices_in_process(tmp_path, monkeypatch):
         if len(slices) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(cmemu.run, "EVENTS_PER_SLICE", 100)
-    monkeypatch.setattr(cmemu.run.Progress, "update", interrupted)
+    monkeypatch.setattr(cmemu.run.pipeline, "EVENTS_PER_SLICE", 100)
+    monkeypatch.setattr(cmemu.run.progress.Progress, "update", interrupted)
     out = tmp_path / "out" / "tiny.h5"
     out.parent.mkdir()
     result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out)])

@@ -20,8 +20,8 @@ LAYERS = ("base", "spec", "topology", "workload", "trace", "die", "lower", "core
           "scenarios", "sweep", "cli")
 # cmemu.X -> its layer, for the top-level modules and packages whose name is not their layer's.
 LAYER_OF = {"cmemu": "base", "errors": "base", "units": "base", "vocab": "base", "kernels": "base", "_core": "core",
-            "faults": "topology", "ems": "topology", "models": "workload", "clihelpers": "run", "options": "run",
-            "generators": "run", "importers": "run"}
+            "faults": "topology", "ems": "topology", "fabric": "topology", "models": "workload", "clihelpers": "run",
+            "options": "run", "generators": "run", "importers": "run"}
 PACKAGE = REPO / "cmemu"
 
 

@@ -290,8 +290,8 @@ def test_hbm_demand_equals_its_reference(seed):
 def test_engine_inputs_dropped_after_the_engine_is_built(tmp_path, mini):
     """run_trace cuts the columns only the engine reads to the trace's ops once the engine has
     its copy; the rest stays whole, and the run's results are those of the lowering kept whole."""
+    from cmemu.fabric import build_fabric
     from cmemu.lower import Lowered
-    from cmemu.lower.fabric import build_fabric
     from cmemu.run import run_trace, simulate
 
     path = layered_trace(tmp_path, 2, own_attrs=False)
@@ -332,7 +332,7 @@ def test_engine_table_of_placed_messages_equals_the_columns(tmp_path, mini, mode
     lowering's may then be dropped (drop_inputs) with the results unchanged."""
     import dataclasses
 
-    from cmemu.lower.fabric import build_fabric
+    from cmemu.fabric import build_fabric
     from cmemu.run import simulate
 
     path = layered_trace(tmp_path, 3, own_attrs=False)
@@ -358,7 +358,7 @@ def test_engine_table_of_placed_messages_equals_the_columns(tmp_path, mini, mode
 def test_engine_refuses_segments_that_do_not_cover_the_messages(tmp_path, mini):
     import dataclasses
 
-    from cmemu.lower.fabric import build_fabric
+    from cmemu.fabric import build_fabric
     from cmemu.run import simulate
 
     lowered = lower(load_trace(layered_trace(tmp_path, 2, own_attrs=False), mini.num_dies), mini)
@@ -390,7 +390,7 @@ def test_messages_left_unfilled_give_the_same_run(tmp_path, mini, model):
     templates) and the columns once filled are those of a lowering that wrote them all."""
     import copy
 
-    from cmemu.lower.fabric import build_fabric
+    from cmemu.fabric import build_fabric
     from cmemu.run import simulate
 
     trace = load_trace(layered_trace(tmp_path, 3, own_attrs=False), mini.num_dies)

@@ -13,11 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 import cmemu.run as R
+import cmemu.run.pipeline
 import cmemu.units as U
 from cmemu.cli import main
 from cmemu.errors import CmemuError
+from cmemu.fabric import build_fabric
 from cmemu.lower import lower
-from cmemu.lower.fabric import build_fabric
 from cmemu.output.hdf5 import write_timeline
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
@@ -165,7 +166,7 @@ def test_event_queue_checked_between_slices(tmp_path, monkeypatch, native):
     path.write_text(json.dumps(_msg_doc(200, 64 * 1024)))
     topo = build_topology(load_system("mini"))
     L = lower(load_trace(path, num_ranks=32), topo)
-    monkeypatch.setattr(R, "EVENTS_PER_SLICE", 50)
+    monkeypatch.setattr(cmemu.run.pipeline, "EVENTS_PER_SLICE", 50)
     with pytest.raises(R.MemoryLimitError, match=r"the event queue grew to [\d,]+ pending events") as err:
         R.simulate(L, build_fabric(topo), native=native, queue_limit_bytes=1000)
     assert isinstance(err.value, CmemuError)

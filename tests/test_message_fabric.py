@@ -8,9 +8,9 @@ import pytest
 
 from cmemu._core import merge_link_series
 from cmemu.errors import CmemuError
+from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
 from cmemu.run import run_trace, simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

@@ -13,10 +13,10 @@ import pytest
 
 from cmemu._core import op_message_lists
 from cmemu.errors import SimulationError
+from cmemu.fabric import build_fabric
 from cmemu.faults import parse_failures
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

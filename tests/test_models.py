@@ -160,6 +160,15 @@ def test_a_tiny_config_prefill_shapes_by_hand():
     assert (a["o_proj"]["cmemu.m"], a["o_proj"]["cmemu.k"]) == (4, 64)
 
 
+def test_one_micro_batch_runs_each_op_on_the_whole_die():
+    """Two micro-batches split the die's 24 AIC 16 / 8 between the attention and the MoE streams
+    (CloudMatrix-Infer's), so that one's attention runs beside the other's MoE; one micro-batch
+    has nothing beside an op, so each op takes the whole die; cores set by hand are kept."""
+    d2, d1 = DecodeDeployment(ep=8, micro_batches=2), DecodeDeployment(ep=8, micro_batches=1)
+    assert d2.stream_aic(24) == (16, 8) and d1.stream_aic(24) == (24, 24)
+    assert DecodeDeployment(ep=8, micro_batches=1, attn_aic=16, moe_aic=8).stream_aic(24) == (16, 8)
+
+
 def test_default_expert_slots_hold_every_expert():
     assert default_experts_per_die(load_model("deepseek-r1"), 320, "ep") == 1  # 257 experts on 320 dies
     assert default_experts_per_die(load_model("kimi-k2"), 320, "ep") == 2  # 385 on 320
@@ -167,11 +176,12 @@ def test_default_expert_slots_hold_every_expert():
     assert default_experts_per_die(load_model("llama-3.1-70b"), 32, "ep") == 1
 
 
-# SHA-256 of `cmemu trace gen deepseek-r1` before it became the model generator's preset.
+# SHA-256 of `cmemu trace gen deepseek-r1` before it became the model generator's preset (the
+# first since then with one micro-batch's ops on the whole die: DecodeDeployment.stream_aic).
 DEEPSEEK_TRACES = [
     (["--ep", "16", "--layers", "4", "--no-mtp", "--micro-batches", "1", "--lm-head-tp", "4", "--tokens-per-die", "33",
       "--kv-len", "1000", "--skew", "1.2", "--bf16", "--dispatch-engine", "sdma"],
-     "6531ec274ff6a3696ceb5e1036b3ad17cd4d20a899ea82a334ddab06810d2d75"),
+     "ce981a49b0658094c9656374136202379a51caf5ef13149312757a5473f016ec"),
     (["--ep", "32", "--layers", "5"], "202074d64f7c531de434fe8d3cbffc7f149be63d911a3cdc4fb973ab34399155"),
     (["--phase", "prefill", "--ep", "16", "--attn-tp", "4", "--requests", "4", "--prompt-len", "999", "--layers", "2",
       "--micro-batches", "1", "--bf16", "--dispatch-engine", "aiv", "--skew", "0.5", "--seed", "3"],

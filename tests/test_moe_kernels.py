@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from cmemu.fabric import aiv_initiator, build_fabric
 from cmemu.lower import lower
-from cmemu.lower.fabric import aiv_initiator, build_fabric
 from cmemu.lower.moe import PHASE, dispatch_write_byte, split_to_cores, steps_of
 from cmemu.run import simulate
 from cmemu.scenarios.moe_comm import kernel_steps, moe_rows

@@ -246,13 +246,13 @@ def test_sweep_refuses_a_results_folder_whose_summary_is_the_sweep_file(tmp_path
 
 def _no_engine(monkeypatch):
     """The run must be refused before it simulates anything."""
-    import cmemu.run
+    import cmemu.run.pipeline
     import cmemu.trace.deepseek
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the work started before the output was checked")
 
-    monkeypatch.setattr(cmemu.run, "simulate", must_not_run)
+    monkeypatch.setattr(cmemu.run.pipeline, "simulate", must_not_run)
     monkeypatch.setattr(cmemu.trace.deepseek, "decode_trace", must_not_run)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import cmemu.run as R
+import cmemu.run.memory
 from cmemu.errors import CmemuError
 from cmemu.output.reader import Timeline, TimelineError, open_timeline
 from cmemu.vocab import PACKET_TYPE_NAMES
@@ -110,7 +111,7 @@ def test_collective_packets_point_at_the_collective(tmp_path):
 
 
 def test_large_packet_detail_warns_with_the_estimate(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(R, "PACKET_RECORDS_WARN", 10)
+    monkeypatch.setattr(cmemu.run.memory, "PACKET_RECORDS_WARN", 10)
     R.run_trace(PINGPONG, output=tmp_path / "w.h5", detail="packets", progress=False)
     err = capsys.readouterr().err
     assert "warning" in err and "packet records" in err and "--detail tasks" in err
@@ -122,7 +123,7 @@ def test_large_packet_detail_warns_with_the_estimate(monkeypatch, tmp_path, caps
 
 
 def test_too_many_packet_records_are_refused_before_the_run(monkeypatch, tmp_path):
-    monkeypatch.setattr(R, "PACKET_RECORDS_MAX", 100)
+    monkeypatch.setattr(cmemu.run.memory, "PACKET_RECORDS_MAX", 100)
     out = tmp_path / "r.h5"
     with pytest.raises(R.MemoryLimitError) as exc:
         R.run_trace(PINGPONG, output=out, detail="packets", progress=False)

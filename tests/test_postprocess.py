@@ -12,7 +12,7 @@ from cmemu.die.intervals import op_rows
 # -- HBM series --------------------------------------------------------------------------------------
 def _bin_by_die_straight(die, start, end, value, bin_ps, clock_of, clock, demand):
     """Every (interval, key) through bin_intervals with key die * keys + key, cells above 0, sorted
-    by die, bin, key; per (die, bin) the sum of its cells (what run._hbm_series did before)."""
+    by die, bin, key; per (die, bin) the sum of its cells (what the HBM series did before: cmemu.results.hbm)."""
     n, nk = value.shape
     keys = (die[:, None].astype(np.int64) * nk + np.arange(nk)[None, :]).ravel()
     k, b, v = bin_intervals(keys, np.repeat(start, nk), np.repeat(end, nk), value.ravel(), bin_ps,
@@ -193,7 +193,7 @@ def test_check_invariants_names_the_first_late_edge():
 
 
 def test_sweep_order_is_lexsort():
-    from cmemu.output.summary import _order_by_key_then_time
+    from cmemu.results.overlap import _order_by_key_then_time
 
     rng = np.random.default_rng(9)
     for k, t in ((rng.integers(0, 50, 1000), rng.integers(0, 10**6, 1000)),  # ties too

@@ -158,7 +158,7 @@ def check_link_bytes(r) -> None:
         return
     # Packet model: the engine cuts messages into packets and routes them hop by hop, so only
     # totals are known without replaying it: hops from the path kind, wire bytes from the format.
-    from cmemu.lower.fabric import build_fabric
+    from cmemu.fabric import build_fabric
     from cmemu.vocab import MSG_READ, PATH_D2D, PATH_RDMA, PKT_READ_REQ, PKT_READ_RESP, PKT_WRITE
 
     F = build_fabric(r.topology)

@@ -11,8 +11,8 @@ import pytest
 
 from cmemu._core import make_engine
 from cmemu._core.synthetic import hold_workload
+from cmemu.fabric import build_fabric
 from cmemu.lower.comm import message_paths
-from cmemu.lower.fabric import build_fabric
 from cmemu.spec import load_system
 from cmemu.topology import (
     L_D2D,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from cmemu.errors import SimulationError, TraceError
+from cmemu.fabric import build_fabric
 from cmemu.run import run_trace
 from cmemu.spec import load_system
-from cmemu.lower.fabric import build_fabric
 from cmemu.topology import build_topology
 from conftest import TRACES
 
@@ -342,3 +342,15 @@ def test_clock_range_sums_the_bytes_in_floats(tmp_path):
     assert huge.msg_bytes.sum() < 0 and huge.bytes_sum(np.float64) == 2.0**63
     with pytest.raises(SimulationError, match="days of simulated time"):
         check_clock_range(huge, build_fabric(mini))
+
+
+def test_cmemu_warnings_are_one_line_for_the_user(capsys):
+    """A warning of cmemu's own reaches the user as one line, without Python's source line;
+    another package's keeps Python's form."""
+    from cmemu.cli import _show_warning
+
+    _show_warning(UserWarning("/tasks keeps at most 2 per op and pipe"), UserWarning,
+                  "/site-packages/cmemu/results/view.py", 72)
+    assert capsys.readouterr().err == "cmemu: warning: /tasks keeps at most 2 per op and pipe\n"
+    _show_warning(DeprecationWarning("old"), DeprecationWarning, "/site-packages/h5py/x.py", 3)
+    assert capsys.readouterr().err.startswith("/site-packages/h5py/x.py:3: DeprecationWarning: old")

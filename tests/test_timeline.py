@@ -16,7 +16,7 @@ from cmemu.errors import CmemuError
 from cmemu.output import hdf5
 from cmemu.output.reader import Timeline, TimelineError, open_timeline
 from cmemu.output.schema import TIMELINE_VERSION
-from cmemu.output.summary import busy_union_ps, exposed_comm_ps
+from cmemu.results.overlap import busy_union_ps, exposed_comm_by_type_ps
 from cmemu.run import run_trace
 from cmemu.topology import LINK_KIND_NAMES
 from cmemu.vocab import NODE_TYPES, PIPE_CODE, PIPE_NAMES
@@ -454,10 +454,10 @@ def test_exposed_comm_by_hand():
     typ = np.array([RECV, COMP, SEND, RECV, RECV, LOAD])
     start = np.array([0, 20, 60, 10, 20, 35])
     end = np.array([100, 50, 90, 30, 40, 60])
-    assert exposed_comm_ps(rank, typ, start, end, 3).tolist() == [70, 25, 0]
+    assert exposed_comm_by_type_ps(rank, typ, start, end, 3).tolist() == [70, 25, 0]
     # A collective waits for other dies too: COMM_COLL [0, 50) on rank 2 with COMP [10, 20) -> 40.
     coll = NODE_TYPES.index("COMM_COLL")
-    got = exposed_comm_ps(np.array([2, 2]), np.array([coll, COMP]), np.array([0, 10]), np.array([50, 20]), 3)
+    got = exposed_comm_by_type_ps(np.array([2, 2]), np.array([coll, COMP]), np.array([0, 10]), np.array([50, 20]), 3)
     assert got.tolist() == [0, 0, 40]
 
 

@@ -1,5 +1,5 @@
 """Trace.graph: the nodes and edges as arrays, built by the loader while it checks, equal to the
-graph worked out from the loaded nodes alone (cmemu.trace.ir.graph_of)."""
+graph worked out from the loaded nodes alone (cmemu.trace.model.graph_of)."""
 import json
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cmemu.errors import TraceError
 from cmemu.trace import load_trace
-from cmemu.trace.ir import graph_of
+from cmemu.trace.model import graph_of
 from conftest import assert_same_fields
 
 REPO = Path(__file__).resolve().parent.parent

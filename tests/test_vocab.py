@@ -5,8 +5,9 @@ import json
 import pytest
 
 import cmemu.vocab as V
-from cmemu.lower import comm, fabric
-from cmemu.trace.ir import schema_path
+from cmemu import fabric
+from cmemu.lower import comm
+from cmemu.trace.read import schema_path
 
 
 def test_the_engine_compiled_the_python_codes():

@@ -1,10 +1,10 @@
-"""The timeline writer's orders and sums (output.columns, against numpy's lexsort and add.at) and
+"""The timeline writer's orders and sums (results.columns, against numpy's lexsort and add.at) and
 its chunks, compressed in threads and written as they are (output.hdf5), read back by h5py."""
 import h5py
 import numpy as np
 import pytest
 
-from cmemu.output.columns import has_repeats, increasing, lexsort_order, sum_by
+from cmemu.results.columns import has_repeats, increasing, lexsort_order, sum_by
 
 
 def test_lexsort_order_is_np_lexsort():

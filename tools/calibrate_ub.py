@@ -19,7 +19,7 @@ import argparse
 
 import numpy as np
 
-from cmemu.lower.fabric import build_fabric
+from cmemu.fabric import build_fabric
 from cmemu.scenarios.ub_p2p import bandwidth_byte_per_s, endpoints, latency_ps
 from cmemu.spec import load_system
 from cmemu.topology import build_topology

@@ -4,6 +4,7 @@ kernels' 16 AIVs on AIV-Direct, or SDMA), EP 32 and 320, uniform and skewed rout
 (N dies writing to one); and optionally the DeepSeek-R1 prefill step on mini.
 
 Run: python tools/compare_fabrics.py [--cases moe,incast,prefill] [--ep 32,320] [--set PATH=VALUE]
+[--message-model message|message-bp] (the latter: with back-pressure)
 
 Prints, per case, the latency of the slowest rank on each fabric (us), the difference, and the
 events of each run. Reads nothing but the presets; writes nothing.
@@ -15,9 +16,9 @@ import time
 
 import numpy as np
 
+from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
 from cmemu.run import simulate
 from cmemu.scenarios.common import trace_doc
 from cmemu.scenarios.moe_comm import moe_nodes, run_collectives
@@ -81,23 +82,25 @@ def main():
     ap.add_argument("--cases", default="moe,incast,prefill")
     ap.add_argument("--ep", default="32,320")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--message-model", default="message", choices=("message", "message-bp"))
     args = ap.parse_args()
+    models = ("packet", args.message_model)
     cases = args.cases.split(",")
     if "moe" in cases:
         spec = load_system("cloudmatrix384", args.overrides)
         for ep in [int(x) for x in args.ep.split(",")]:
             for engine in ("aiv", "sdma"):
                 for skew in (0.0, 1.0):
-                    p, m = (moe_case(spec, ep, engine, skew, model) for model in ("packet", "message"))
+                    p, m = (moe_case(spec, ep, engine, skew, model) for model in models)
                     row(f"EP{ep} {engine} skew {skew:g}", p, m, ("dispatch", "combine"))
     if "incast" in cases:
         spec = load_system("mini", args.overrides)
         for senders in (7, 15, 31):
-            p, m = (incast_case(spec, senders, 1 << 20, model) for model in ("packet", "message"))
+            p, m = (incast_case(spec, senders, 1 << 20, model) for model in models)
             row(f"incast {senders} dies x 1 MiB", p, m, ("incast",))
     if "prefill" in cases:
         spec = load_system("mini", args.overrides)
-        p, m = (prefill_case(spec, model) for model in ("packet", "message"))
+        p, m = (prefill_case(spec, model) for model in models)
         row("prefill step, mini, 2 layers", p, m, ("ttft",))
 
 

@@ -64,7 +64,7 @@ from cmemu._core.vocab cimport (
     PATH_D2D, PATH_RDMA, PATH_UB, PATH_VPC, PKT_ACK, PKT_READ_REQ, PKT_READ_RESP, PKT_WRITE,
 )
 
-# Virtual lanes per link (cmemu.lower.fabric.NUM_VLS; tests/test_vocab.py checks it).
+# Virtual lanes per link (cmemu.fabric.NUM_VLS; tests/test_vocab.py checks it).
 cdef enum:
     NUM_VLS = 2
 
@@ -86,7 +86,7 @@ cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
 # Units of a die's HBM share clock (see hbm_change): 1/HBM_SCALE ps of capacity-time.
 cdef int64_t HBM_SCALE = 1024
 cdef int64_t HBM_REBASE = 1 << 61
-cdef uint64_t PATH_HASH_MULT = 0x9E3779B1  # cmemu.lower.fabric.PATH_HASH_MULT
+cdef uint64_t PATH_HASH_MULT = 0x9E3779B1  # cmemu.fabric.PATH_HASH_MULT
 
 cdef struct Event:
     int64_t time
@@ -153,7 +153,16 @@ cdef struct LinkInfo:
     int32_t voq_slots
     uint8_t alive
     uint8_t own_queue  # its far end keeps a queue per input link (fabric.link_own_queue)
-    uint8_t pad[22]
+    uint8_t pad[2]
+    # Message-level fabric with back-pressure ("message-bp"): the bytes the link's receive buffer
+    # (per lane, at its far end) holds over time, from the packets reserved through it: (time,
+    # bytes from then on) pairs, sorted by time, buf[0: 2 * buf_n]; none before the first (see
+    # buf_hold). buf_limit: its credits (fabric.link_credit_byte); 0: not bounded (not a UB link, or
+    # credits of 4 GiB or more, which no run fills).
+    uint32_t buf_limit
+    int32_t buf_n
+    int32_t buf_cap   # int64s allocated
+    int64_t* buf
 
 
 cdef struct Packet:
@@ -275,7 +284,7 @@ cdef enum:
     WHEEL_MASK = (1 << 14) - 1
     WHEEL_KEEP = 64  # events a drained bucket keeps room for
     RING = 16  # time bins a link's counters keep open
-    AIV_RING = 32  # cmemu.lower.fabric.AIV_MESSAGES_IN_FLIGHT
+    AIV_RING = 32  # cmemu.fabric.AIV_MESSAGES_IN_FLIGHT
     FLOW_AFTER_MASK = 0x07  # cmemu.lower.comm
     FLOW_BASE = 0x10
 
@@ -312,7 +321,7 @@ def serialisation_time_ps(nbytes, rate_byte_per_s):
 
 @cython.final
 cdef class Engine:
-    """Replays lowered arrays (``cmemu.lower.Lowered``) on a fabric (``cmemu.lower.fabric``)."""
+    """Replays lowered arrays (``cmemu.lower.Lowered``) on a fabric (``cmemu.fabric``)."""
 
     # Events: a FIFO for the current time, a sorted list for the current wheel bucket, the
     # timing wheel for the next 268 us, and a 4-ary heap beyond it (see `push`).
@@ -424,6 +433,7 @@ cdef class Engine:
     cdef uint64_t[::1] voq_mask   # per link, one bit per VOQ that holds packets
     cdef LinkInfo* lk  # per link, what a transmission reads and writes
     cdef LinkInfo* sk  # per endpoint with a sink rate, the sink's calendar (message-level fabric)
+    cdef bint backpressure  # "message-bp": receive buffers bounded (buf_hold)
     cdef int64_t n_links
     cdef int64_t[::1] link_ack      # an ack's serialisation and latency on the link (ack_trip)
     cdef uint8_t[::1] link_ack_path  # the path it was worked out for, plus one (0: not yet)
@@ -467,8 +477,9 @@ cdef class Engine:
     # (path_reserve); an initiator with a full window issues in one event the packets whose slots
     # free within ``lookahead`` ps (inject). 0: packet level.
     cdef int64_t lookahead
-    cdef int64_t aiv_lookahead  # the same for an AIV's writes (cmemu.lower.fabric.FABRIC_MODELS)
+    cdef int64_t aiv_lookahead  # the same for an AIV's writes (cmemu.fabric.FABRIC_MODELS)
     cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
+    cdef int64_t ack_rate, ack_path, ack_ps  # and the last ack's
 
     def __cinit__(self):
         self.lk = NULL
@@ -476,6 +487,7 @@ cdef class Engine:
         self.ack_heap = NULL
         self.ini = NULL
         self.ring_slot = NULL
+        self.ack_rate = -1
         self.ack_cap = NULL
         self.ack_lo = NULL
         self.heap = NULL
@@ -596,7 +608,7 @@ cdef class Engine:
         self.n_eps = n_eps
         tracked = np.asarray(F.ini_tracked).astype(bool)
         if not np.array_equal(tracked, np.arange(n_ini) >= n_eps):
-            raise ValueError("the initiators are the endpoints' own and then AIVs (cmemu.lower.fabric)")
+            raise ValueError("the initiators are the endpoints' own and then AIVs (cmemu.fabric)")
         issue = np.asarray(F.ep_issue_ps, dtype=np.int64).reshape(n_ini, 2)
         msg_startup = np.asarray(F.ini_msg_startup_ps, dtype=np.int64).reshape(n_ini, 2)
         for name, value in (("a packet's issue time", issue), ("an MTE instruction's start-up", msg_startup)):
@@ -722,6 +734,10 @@ cdef class Engine:
 
         if self.lookahead > 0 and F.fail_time_ps.shape[0] > 0:
             raise ValueError("the message-level fabric does not model failures during a run")
+        cdef const int64_t[::1] credit = F.link_credit_byte
+        self.backpressure = self.lookahead > 0 and getattr(F, "message_backpressure", False)
+        for i in range(n_links):
+            self.lk[i].buf_limit = <uint32_t>credit[i] if self.backpressure and credit[i] < UINT32_MAX else 0
         self.bin_ps = bin_ps
         self.series_len = 0
         self.series_cap = 1024
@@ -786,6 +802,7 @@ cdef class Engine:
         if self.lk != NULL:
             for i in range(self.n_links):
                 free(self.lk[i].cal)
+                free(self.lk[i].buf)
         if self.sk != NULL:
             for i in range(self.n_eps):
                 free(self.sk[i].cal)
@@ -834,6 +851,10 @@ cdef class Engine:
         for i in range(self.n_eps):
             free(self.sk[i].cal)
             self.sk[i].cal = NULL
+        for i in range(self.n_links):
+            free(self.lk[i].buf)
+            self.lk[i].buf = NULL
+            self.lk[i].buf_n = self.lk[i].buf_cap = 0
         for i in range(self.n_ini):
             free(self.ini[i].buf)
             self.ini[i].buf = NULL
@@ -1108,7 +1129,7 @@ cdef class Engine:
 
     cdef int32_t route_link(self, int path, int32_t s, int32_t d, int plane, int uplink, int hop) noexcept nogil:
         """The hop-th link from endpoint s to endpoint d, or -1 past the last one."""
-        cdef int32_t ns, nd, chip, count, q
+        cdef int32_t ns, nd
         if path == PATH_D2D:
             if self.lk[self.t_d2d[s]].alive:
                 return self.t_d2d[s] if hop == 0 else -1
@@ -1136,19 +1157,25 @@ cdef class Engine:
         if hop == 1:
             return self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
         if hop == 2:
-            chip = self.t_l1_uplink_chip[(ns * self.P + plane) * self.U + uplink]
-            count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
-            # (uplink // C) % count, without a division where it is not needed (on
-            # CloudMatrix384 uplink < C and count is 1: the two integer divisions took 4-5% of
-            # the run, waiting for count's load).
-            q = uplink // self.C if uplink >= self.C else 0
-            if q >= count:
-                q = q % count
-            return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + q]
+            return self.l2_down_link(ns, nd, plane, uplink)
         return self.t_ep_down[d * self.P + plane] if hop == 3 else -1
 
+    cdef inline int32_t l2_down_link(self, int32_t ns, int32_t nd, int plane, int uplink) noexcept nogil:
+        """A UB path's third link, from an L2 chip down to node nd's L1 chip: the chip node
+        ns's uplink reaches on the plane, and of that chip's links to nd the (uplink // C) %
+        count-th."""
+        cdef int32_t chip = self.t_l1_uplink_chip[(ns * self.P + plane) * self.U + uplink]
+        cdef int32_t count = self.t_l2_down_count[(plane * self.C + chip) * self.N + nd]
+        # (uplink // C) % count, without a division where it is not needed (on
+        # CloudMatrix384 uplink < C and count is 1: the two integer divisions took 4-5% of
+        # the run, waiting for count's load).
+        cdef int32_t q = uplink // self.C if uplink >= self.C else 0
+        if q >= count:
+            q = q % count
+        return self.t_l2_down[((plane * self.C + chip) * self.N + nd) * self.M + q]
+
     cdef inline int64_t path_hash(self, int32_t m, int64_t row) noexcept nogil:
-        """Message m's path hash (cmemu.lower.fabric.path_hashes); ``row``: its table row."""
+        """Message m's path hash (cmemu.fabric.path_hashes); ``row``: its table row."""
         cdef uint64_t h = (<uint64_t>m * PATH_HASH_MULT + <uint64_t>self.mt[row].src * 7919
                            + <uint64_t>self.mt[row].dst * 104729)
         return <int64_t>(h & 0x7fffffff)  # mod 2**31
@@ -2096,24 +2123,48 @@ cdef class Engine:
         cdef int32_t s = self.mt[row].src, d = self.mt[row].dst
         cdef int32_t links[8]
         cdef int hop = 0, n = 0, path = self.mt[row].path
-        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1
+        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1, held = 0
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
         # ends, and the open counter bin of its issue time) together rather than one hop after
         # another; what a hop reads is then mostly in cache.
-        while link >= 0 and n < 8:
-            links[n] = link
-            cm_prefetch(&self.lk[link])
-            n += 1
-            link = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, n)
-        if link >= 0:
-            raise ValueError("a path of more than 8 links")
+        cdef int32_t ns, nd
+        cdef int plane = self.pkts[p].plane, uplink = self.pkts[p].uplink
+        if path == PATH_UB:  # route_link's UB path, its links worked out together
+            links[0] = link
+            ns, nd = self.ep_node[s], self.ep_node[d]
+            if ns == nd:
+                links[1] = self.t_ep_down[d * self.P + plane]
+                n = 2
+            else:
+                links[1] = self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
+                links[2] = self.l2_down_link(ns, nd, plane, uplink)
+                links[3] = self.t_ep_down[d * self.P + plane]
+                n = 4
+            for hop in range(n):
+                if links[hop] < 0:
+                    n = hop
+                    break
+                cm_prefetch(&self.lk[links[hop]])
+        else:
+            while link >= 0 and n < 8:
+                links[n] = link
+                cm_prefetch(&self.lk[link])
+                n += 1
+                link = self.route_link(path, s, d, plane, uplink, n)
+            if link >= 0:
+                raise ValueError("a path of more than 8 links")
+        if self.backpressure:  # the receive buffers' books are in the links' second lines
+            for hop in range(n):
+                cm_prefetch(<char*>&self.lk[links[hop]] + 64)
         if self.bin_ps > 0:
             b = 2 * ((t // self.bin_ps) % RING)
         for hop in range(n):
             L = &self.lk[links[hop]]
             if L.cal_n > 0:
                 cm_prefetch(L.cal + 2 * L.cal_n - 2)
+            if self.backpressure and L.buf_n > 0:
+                cm_prefetch(L.buf + 2 * L.buf_n - 2)
             if self.bin_ps > 0:
                 cm_prefetch(self.ring + <int64_t>links[hop] * RING * 2 + b)
         if path == PATH_UB and self.ub_mirror:
@@ -2128,11 +2179,19 @@ cdef class Engine:
                     self.ser_ps = serialisation_ps(wire, rate)
                 ser = self.ser_ps
             t = self.cal_take(link, t, ser, wire)
+            if hop > 0 and self.lk[links[hop - 1]].buf_limit > 0:
+                # It waited in the previous link's receive buffer until it started here.
+                self.buf_hold(links[hop - 1], held, t - ser, wire)
+            held = t - ser
             if self.record_packets:
                 self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
             t += self.lk[link].lat
-            if ack >= 0:
-                ack += self.link_ack_of(link, path)
+            if ack >= 0:  # link_ack_of, from the link's line (its rate and latency) in hand
+                if rate != self.ack_rate or path != self.ack_path:
+                    self.ack_rate = rate
+                    self.ack_path = path
+                    self.ack_ps = serialisation_ps(self.wire_bytes(path, PKT_ACK, 0), rate)
+                ack += self.ack_ps + self.lk[link].lat
         self.packets_sent += n
         rate = self.ep_sink_rate[d]
         if rate > 0:  # the sink takes it in its idle time too
@@ -2262,20 +2321,160 @@ cdef class Engine:
                         raise MemoryError("link calendar")
                     c = grown
                     L.cal = c
-            memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
+            if i < n:  # (most go after the last: nothing to move)
+                memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
             c[2 * i] = t
             c[2 * i + 1] = t + need
             n += 1
         L.cal_n = <int32_t>n
         return t
 
+    cdef int buf_hold(self, int32_t link, int64_t a, int64_t b, int64_t w) except -1:
+        """Back-pressure on the message-level fabric: a packet of ``w`` wire bytes is in link's
+        receive buffer over [a, b) (from the start of its transmission on the link, when its
+        credit is taken, to its start on the next link, when the credit returns, as on the packet
+        fabric). Where the buffer then has no room for another packet of its size, the link is
+        blocked for every packet (cal_block): on the packet fabric the sender would be out of
+        credits, so nothing, whatever its output, could start on the link then."""
+        cdef LinkInfo* B = &self.lk[link]
+        cdef int64_t* e
+        cdef int64_t n = B.buf_n, i, j, k, lev, x1, room = <int64_t>B.buf_limit - w, lo, hi, mid, step
+        cdef int64_t* grown
+        if b <= a:
+            return 0
+        if 2 * n + 4 > B.buf_cap:
+            e = B.buf
+            # Entries before the last one at or before now are of no more use (every packet comes
+            # at now or later): k, the first after now, less one.
+            k = 0
+            hi = n
+            while k < hi:
+                mid = (k + hi) >> 1
+                if e[2 * mid] > self.now:
+                    hi = mid
+                else:
+                    k = mid + 1
+            k = k - 1 if k > 0 else 0
+            if k > 0:
+                memmove(e, e + 2 * k, (n - k) * 2 * sizeof(int64_t))
+                n -= k
+            if 2 * n + 4 > B.buf_cap:
+                B.buf_cap = 32 if B.buf_cap == 0 else 2 * B.buf_cap
+                grown = <int64_t*>realloc(B.buf, B.buf_cap * sizeof(int64_t))
+                if grown == NULL:
+                    raise MemoryError("receive buffer")
+                B.buf = grown
+        e = B.buf
+        # i: the first entry at or after a: mostly near the end, but packets reserved ahead (an
+        # AIV's, up to its look-ahead) put entries after it, so gallop back from the end, then a
+        # binary search between the last two probes.
+        i = n
+        if n > 0 and e[2 * n - 2] >= a:
+            hi = n - 1  # at or after a
+            step = 1
+            lo = hi - step
+            while lo >= 0 and e[2 * lo] >= a:
+                hi = lo
+                step *= 2
+                lo = hi - step
+            if lo < 0:
+                lo = -1  # before a (or none)
+            while hi - lo > 1:
+                mid = (lo + hi) >> 1
+                if e[2 * mid] >= a:
+                    hi = mid
+                else:
+                    lo = mid
+            i = hi
+        if i == n or e[2 * i] != a:
+            lev = e[2 * i - 1] if i > 0 else 0
+            memmove(e + 2 * i + 2, e + 2 * i, (n - i) * 2 * sizeof(int64_t))
+            e[2 * i] = a
+            e[2 * i + 1] = lev
+            n += 1
+        j = i
+        while j < n and e[2 * j] < b:
+            e[2 * j + 1] += w
+            j += 1
+        if j == n or e[2 * j] != b:
+            lev = e[2 * j - 1] - w
+            memmove(e + 2 * j + 2, e + 2 * j, (n - j) * 2 * sizeof(int64_t))
+            e[2 * j] = b
+            e[2 * j + 1] = lev
+            n += 1
+        B.buf_n = <int32_t>n
+        k = i
+        while k < j:
+            if e[2 * k + 1] > room:
+                x1 = e[2 * k]
+                while k < j and e[2 * k + 1] > room:
+                    k += 1
+                self.cal_block(B, x1, e[2 * k])
+            else:
+                k += 1
+        return 0
+
+    cdef int cal_block(self, LinkInfo* L, int64_t x1, int64_t x2) except -1:
+        """Mark [x1, x2) busy in L's calendar, joining the intervals it meets (buf_hold)."""
+        cdef int64_t* c = L.cal
+        cdef int64_t n = L.cal_n, i, j, hi, mid
+        cdef int64_t* grown
+        i = 0  # the first interval that ends at or after x1
+        hi = n
+        while i < hi:
+            mid = (i + hi) >> 1
+            if c[2 * mid + 1] >= x1:
+                hi = mid
+            else:
+                i = mid + 1
+        j = i  # the first that starts after x2
+        while j < n and c[2 * j] <= x2:
+            j += 1
+        if j > i:
+            if c[2 * i] < x1:
+                x1 = c[2 * i]
+            if c[2 * j - 1] > x2:
+                x2 = c[2 * j - 1]
+            c[2 * i] = x1
+            c[2 * i + 1] = x2
+            if j > i + 1:
+                memmove(c + 2 * i + 2, c + 2 * j, (n - j) * 2 * sizeof(int64_t))
+                n -= j - i - 1
+        else:
+            if n * 2 + 2 > L.cal_cap:
+                L.cal_cap = 16 if L.cal_cap == 0 else 2 * L.cal_cap
+                grown = <int64_t*>realloc(c, L.cal_cap * sizeof(int64_t))
+                if grown == NULL:
+                    raise MemoryError("link calendar")
+                c = grown
+                L.cal = c
+            memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
+            c[2 * i] = x1
+            c[2 * i + 1] = x2
+            n += 1
+        L.cal_n = <int32_t>n
+        return 0
+
     cdef int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
         """cal_reserve on a link, whose counters get the packet's bytes and busy time; returns
         when its tail has left."""
-        t = self.cal_reserve(&self.lk[link], t, need)
-        self.count_transmission(link, t, need, nbytes)
-        if t + need > self.lk[link].busy_until:
-            self.lk[link].busy_until = t + need
+        cdef LinkInfo* L = &self.lk[link]
+        cdef int64_t b, k
+        cdef int64_t* r
+        t = self.cal_reserve(L, t, need)
+        # count_transmission's common case in line: the packet within one open bin.
+        b = t // self.bin_ps if self.bin_ps > 0 else -1
+        if b >= 0 and L.cur_bin >= 0 and L.cur_bin <= b < L.cur_bin + RING and t + need <= (b + 1) * self.bin_ps:
+            L.bytes += nbytes
+            L.busy += need
+            k = 2 * (b & (RING - 1))  # (b >= 0: b % RING)
+            r = self.ring + <int64_t>link * RING * 2
+            r[k] += nbytes
+            r[k + 1] += need
+        else:
+            self.count_transmission(link, t, need, nbytes)
+        if t + need > L.busy_until:
+            L.busy_until = t + need
         return t + need
 
     cdef inline int64_t ack_first(self, int32_t ep) noexcept nogil:
@@ -2789,7 +2988,7 @@ cdef class Engine:
 
 def engine_codes() -> dict:
     """The engine's compiled codes and constants that Python defines too, by their Python names
-    (tests/test_vocab.py checks them against cmemu.vocab, cmemu.lower.fabric and cmemu.lower.comm)."""
+    (tests/test_vocab.py checks them against cmemu.vocab, cmemu.fabric and cmemu.lower.comm)."""
     return {
         "OP_KIND_COMP": OP_KIND_COMP, "OP_KIND_SEND": OP_KIND_SEND, "OP_KIND_RECV": OP_KIND_RECV,
         "OP_KIND_MEM": OP_KIND_MEM,

@@ -13,8 +13,8 @@ import numpy as np
 from cmemu.errors import DieFailedError, UnroutableError
 from cmemu._core import hbm_sharing, merge_link_series, op_message_lists
 
+from cmemu.fabric import AIV_MESSAGES_IN_FLIGHT as AIV_RING, NUM_VLS, path_hashes
 from cmemu.lower.comm import FLOW_AFTER_MASK, FLOW_BASE
-from cmemu.lower.fabric import AIV_MESSAGES_IN_FLIGHT as AIV_RING, NUM_VLS, path_hashes
 from cmemu.vocab import (
     LB_SPRAY,
     MSG_ATOMIC,
@@ -198,6 +198,11 @@ class Engine:
         self.cal_lo = [0] * (n_links + n_eps)
         if self.lookahead > 0 and self.fail_time:
             raise ValueError("the message-level fabric does not model failures during a run")
+        # Back-pressure ("message-bp"): per link, its receive buffer's credits (None: not
+        # flow-controlled) and the bytes it holds over time, as (time, bytes from then on) pairs.
+        bp = self.lookahead > 0 and getattr(F, "message_backpressure", False)
+        self.buf_limit = [c if bp and c < 1 << 50 else None for c in F.link_credit_byte.tolist()]
+        self.buf = [[] for _ in range(n_links)]
         self.bin_ps = int(bin_ps)
         self.cur_bin = [-1] * n_links
         self.cur_bytes = [0] * n_links
@@ -710,9 +715,13 @@ class Engine:
         m = pk.msg
         s, d = self.msg_src[m], self.msg_dst[m]
         hop = 0
+        prev = held = -1
         while link >= 0:
             ser = serialisation_time_ps(pk.wire, self.link_rate[link])
             t = self.cal_take(link, t, ser, pk.wire)
+            if prev >= 0 and self.buf_limit[prev] is not None:
+                self.buf_hold(prev, held, t - ser, pk.wire)
+            prev, held = link, t - ser
             if self.record_packets:
                 self.recs.append((t - ser, t, m, pk.seq, link, pk.wire, PKT_WRITE))
             self.packets_sent += 1
@@ -755,6 +764,51 @@ class Engine:
             t = max(t, c[2 * i + 1])
             i += 1
         return i, t
+
+    def buf_hold(self, link, a, b, w):
+        """engine.pyx buf_hold: w bytes in link's receive buffer over [a, b); where it then has
+        no room for another w, the link is blocked."""
+        if b <= a:
+            return
+        e = self.buf[link]
+        n = len(e) // 2
+        i = n
+        while i > 0 and e[2 * i - 2] >= a:
+            i -= 1
+        if i == n or e[2 * i] != a:
+            e[2 * i:2 * i] = [a, e[2 * i - 1] if i > 0 else 0]
+            n += 1
+        j = i
+        while j < n and e[2 * j] < b:
+            e[2 * j + 1] += w
+            j += 1
+        if j == n or e[2 * j] != b:
+            e[2 * j:2 * j] = [b, e[2 * j - 1] - w]
+        room = self.buf_limit[link] - w
+        k = i
+        while k < j:
+            if e[2 * k + 1] > room:
+                x1 = e[2 * k]
+                while k < j and e[2 * k + 1] > room:
+                    k += 1
+                self.cal_block(link, x1, e[2 * k])
+            else:
+                k += 1
+
+    def cal_block(self, k, x1, x2):
+        """engine.pyx cal_block: [x1, x2) busy in calendar k, joining the intervals it meets."""
+        c = self.cal[k]
+        n = len(c) // 2
+        i = self.cal_lo[k]
+        while i < n and c[2 * i + 1] < x1:
+            i += 1
+        j = i
+        while j < n and c[2 * j] <= x2:
+            j += 1
+        if j > i:
+            c[2 * i:2 * j] = [min(c[2 * i], x1), max(c[2 * j - 1], x2)]
+        else:
+            c[2 * i:2 * i] = [x1, x2]
 
     def cal_find(self, k, t, need):
         return self.cal_gap(k, self.cal_lo[k], t, need)[1]

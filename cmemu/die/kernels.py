@@ -346,6 +346,17 @@ def attention_cost(model: DieModel, op: str, units: int, kv_blocks_of_unit: np.n
 # ----------------------------------------------------------------------------------- generic op
 
 
+def generic_chunks(die, unit: str, tensor_byte: int, cores: int) -> tuple[int, int, int]:
+    """(bytes per core, bytes per chunk, chunks per core) of a generic op on ``cores`` of ``unit``:
+    each core streams its share of the bytes in chunks of half its L1 (AIC) or UB (AIV); a huge
+    transfer takes bigger chunks (at most MAX_GENERIC_CHUNKS per core), which only lengthens its
+    first chunk's start-up, not its steady state."""
+    buf = (die.l1_buffer_kib if unit == "aic" else die.ub_buffer_kib) << 10
+    per_core_b = ceil_div(int(tensor_byte), cores)
+    chunk_b = max(buf // 2, ceil_div(per_core_b, MAX_GENERIC_CHUNKS))
+    return per_core_b, chunk_b, max(1, ceil_div(per_core_b, chunk_b))
+
+
 def generic_cost(model: DieModel, unit: str, num_ops: float, tensor_byte: int, dtype: str, cores: int,
                  native: bool = True) -> OpCost:
     """An op known only by its work (``num_ops``) and HBM bytes (``tensor_size``), with no shape
@@ -359,15 +370,9 @@ def generic_cost(model: DieModel, unit: str, num_ops: float, tensor_byte: int, d
         raise ValueError(f"{cores} {unit.upper()} requested, the die has {total}")
     if unit == "aic":
         per_cycle = 2 * model.macs_per_cycle(dtype)  # raises for dtypes the cube lacks
-        buf = d.l1_buffer_kib << 10
     else:
         per_cycle = 2 * d.vector_bytes_per_cycle // DTYPE_BYTES[dtype]  # lanes x fused multiply-add
-        buf = d.ub_buffer_kib << 10
-    per_core_b = ceil_div(int(tensor_byte), cores)
-    # Chunks of half the buffer; a huge transfer takes bigger chunks (at most MAX_GENERIC_CHUNKS
-    # per core), which only lengthens its first chunk's start-up, not its steady state.
-    chunk_b = max(buf // 2, ceil_div(per_core_b, MAX_GENERIC_CHUNKS))
-    n_chunks = max(1, ceil_div(per_core_b, chunk_b))
+    per_core_b, chunk_b, n_chunks = generic_chunks(d, unit, tensor_byte, cores)
     ops_core = num_ops / cores
     rate = _mte2_rate(model, aiv=unit == "aiv")
     tpl = Template(2, shared_pipes=1)

@@ -1,5 +1,5 @@
 """What a run checks of a trace against its system before simulating, beyond what the trace
-alone can get wrong (cmemu.trace.ir): per COMP and COMM_COLL node, its cores against the die's
+alone can get wrong (cmemu.trace.check): per COMP and COMM_COLL node, its cores against the die's
 and the die model's limits on its op (the tile fits the buffers, the schedule is small enough to
 evaluate, its time fits the clock); per MoE collective, the memory its token routing takes.
 
@@ -61,7 +61,7 @@ def collective_problem(attrs: dict, die, members: int, limit_bytes: int | None) 
 
 
 def node_checker(spec, groups=None, limit_bytes: int | None = None):
-    """The system's checks of a node, for ``cmemu.trace.ir``'s ``node_check``: a function
+    """The system's checks of a node, for ``cmemu.trace.check``'s ``node_check``: a function
     ``(type, attrs) -> [(field, message)]`` for COMP, COMM_COLL and MEM_LOAD nodes."""
     die = spec.die
     sizes = {name: len(ranks) for name, ranks in groups.items() if isinstance(ranks, list)} \

@@ -19,7 +19,7 @@ _COLUMNS = ("src", "dst", "nbytes", "kind", "path", "send_op", "recv_op", "ini",
 # initiators are 16-bit ids (MAX_ENDPOINTS), op ids 32-bit.
 #
 # ``ini``: the initiator that issues the message: by default the die or CPU it leaves (a write) or
-# reaches (a read: the reader); a vector core's own id (cmemu.lower.fabric.aiv_initiator) for
+# reaches (a read: the reader); a vector core's own id (cmemu.fabric.aiv_initiator) for
 # the remote reads and writes an AIV's MTE2/MTE3 issues itself (AIV-Direct). ``prep`` and
 # ``flow`` order an AIV's stream of accesses as its kernel does (the engine reads them for AIV
 # initiators only): ``prep`` ps of the core's own work before the message may go (loading and

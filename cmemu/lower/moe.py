@@ -36,7 +36,7 @@ flags, poll, barrier, and each AIV *pulls* the tokens of its slots from the sour
 low-latency one without the rotation and with a full barrier (PipeBarrier<PIPE_ALL>) after each
 row's write, so that the AIV's next load waits for it too.
 
-Remote accesses are the AIVs' own (cmemu.lower.fabric.aiv_initiator): each AIV issues its writes
+Remote accesses are the AIVs' own (cmemu.fabric.aiv_initiator): each AIV issues its writes
 and reads through its MTE pipes, in the kernel's order and with the kernel's waits
 (cmemu.lower.comm: prep and flow). Vector and MTE work is timed from the die spec through the die
 model's rules (start-up plus bytes over the pipe's rate, and the L2 or HBM latency).
@@ -49,8 +49,8 @@ import numpy as np
 
 from cmemu.die.kernels import vector_cycles
 from cmemu.die.model import DieModel, ceil_div
+from cmemu.fabric import aiv_initiator
 from cmemu.lower.comm import FLOW_BASE
-from cmemu.lower.fabric import aiv_initiator
 from cmemu.vocab import MSG_READ, MSG_WRITE, OP_KIND_COMP, OP_KIND_RECV, OP_KIND_SEND
 
 # Phases of a collective's internal ops (Lowered.op_phase): what the dispatch and combine

@@ -402,7 +402,7 @@ def hbm_demand_reference(kind, dur_ps, hbm_byte, rank, cap, kinds, aic=None, aiv
 def early_successor(succ_ptr, succ_idx, start, end) -> tuple[int, int]:
     """The first op with a successor that started before it ended, and that successor (the first
     such in its list): ``(op, successor)``, or ``(-1, -1)`` when every dependency held. For
-    run.check_invariants, after a run: no per-edge temporaries."""
+    cmemu.run.diagnostics.check_invariants, after a run: no per-edge temporaries."""
     i, j = _early_successor(succ_ptr, succ_idx, start, end)
     return int(i), int(j)
 

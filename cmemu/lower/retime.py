@@ -51,7 +51,7 @@ def retime_trace(trace, die, path: str):
     keep sharing the new one."""
     from cmemu.lower.checks import comp_problem
     from cmemu.lower.compute import comp_cost
-    from cmemu.trace.ir import Trace
+    from cmemu.trace.model import Trace
 
     new_attrs = {}  # id(old attrs) -> new attrs, or None when refused
     ratios = []

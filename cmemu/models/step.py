@@ -36,12 +36,13 @@ expert GEMMs: a die's ``experts_per_die`` groups share the tokens it received ev
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.models.description import ModelDescription
+from cmemu.spec import load_system
 from cmemu.workload.moe import moe_routing, moe_routing_bytes
 
 DTYPES = ("int8", "bf16")
@@ -141,8 +142,8 @@ class DecodeDeployment:
     lm_head_tp: int = 1
     experts_per_die: int = 1
     shared_expert: str = "ep"
-    attn_aic: int = 16
-    moe_aic: int = 8
+    attn_aic: int | None = None  # None: stream_aic's
+    moe_aic: int | None = None
     attn_tp: int = 1
 
     def check(self, model: ModelDescription, dies: int) -> None:
@@ -155,7 +156,7 @@ class DecodeDeployment:
             raise CmemuError(f"--mtp-acceptance must be between 0 and 1, got {self.mtp_acceptance}")
         if self.mtp and not model.mtp_layers:
             raise CmemuError(f"--mtp: {model.name} has no MTP module (num_nextn_predict_layers 0); use --no-mtp")
-        if self.attn_aic < 1 or self.moe_aic < 1:
+        if (self.attn_aic is not None and self.attn_aic < 1) or (self.moe_aic is not None and self.moe_aic < 1):
             raise CmemuError(f"--attn-aic and --moe-aic must be at least 1, got {self.attn_aic} and {self.moe_aic}")
         tp, heads, kv = self.attn_tp, model.query_heads, model.kv_heads
         if tp < 1 or self.ep % tp or heads % tp:
@@ -200,6 +201,18 @@ class DecodeDeployment:
         requests = self.requests_per_die * tp if tp > 1 else self.requests_per_die  # a TP group's requests
         kv = int(round(requests * self.kv_len)) * per_token * 2 * layers
         return w * b, kv
+
+    def stream_aic(self, die_aic: int) -> tuple[int, int]:
+        """AIC of the attention stream and of the FFN/MoE stream (each with two AIV), where not
+        set: with two micro-batches CloudMatrix-Infer's split of the die, two thirds and one third
+        (16 and 8 of the 910C die's 24: micro-batch 1's attention runs beside micro-batch 0's MoE,
+        docs/model.md); with one, nothing runs beside an op, so each takes the whole die."""
+        if self.micro_batches == 1:
+            attn, moe = die_aic, die_aic
+        else:
+            attn = max(1, die_aic * 2 // 3)
+            moe = max(1, die_aic - attn)
+        return (attn if self.attn_aic is None else self.attn_aic, moe if self.moe_aic is None else self.moe_aic)
 
     @property
     def accepted_per_step(self) -> float:
@@ -273,10 +286,10 @@ def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies:
                 description: str | None = None) -> dict:
     """The trace document of one decode step of ``model`` deployed as ``d``."""
     if not d.layers:
-        from dataclasses import replace
-
         d = replace(d, layers=model.layers)
     d.check(model, dies)
+    attn_aic, moe_aic = d.stream_aic(load_system(system).die.aic_cores)
+    d = replace(d, attn_aic=attn_aic, moe_aic=moe_aic)
     ranks = list(range(d.ep))
     wdt = d.weight_dtype
     doc = _Doc()
@@ -519,8 +532,6 @@ def prefill_step(model: ModelDescription, d: PrefillDeployment, system: str, die
                  generator: dict | None = None, description: str | None = None) -> dict:
     """The trace document of one prefill step of ``model`` deployed as ``d`` (module docstring)."""
     if not d.layers:
-        from dataclasses import replace
-
         d = replace(d, layers=model.layers)
     d.check(model, dies)
     ranks = list(range(d.ep))

@@ -45,8 +45,8 @@ from cmemu.output.schema import (
     check_detail,
 )
 from cmemu.output.atomic import atomic_path
-from cmemu.output.columns import has_repeats, increasing, lexsort_order, sum_by
 from cmemu.output.summary import die_summary
+from cmemu.results.columns import has_repeats, increasing, lexsort_order, sum_by
 from cmemu.topology import LINK_KIND_NAMES
 from cmemu.vocab import NODE_TYPES, PACKET_TYPE_NAMES, PIPE_NAMES
 
@@ -159,7 +159,7 @@ def write_timeline(path, result, compression: str = "gzip", detail: str = "tasks
     exclusively, renamed at the end; refused over any of ``inputs``, the trace for a run).
 
     ``hbm_later``: a function giving the whole result, ``result`` lacking its HBM series (and
-    wall time) until then (``run.trace_result_hbm_later``): called once the rest is written."""
+    wall time) until then (``cmemu.results.view.trace_result_hbm_later``): called once the rest is written."""
     check_detail(detail)
     w = _Writer(compression)
     path = Path(path)

@@ -74,7 +74,7 @@ class ExportInfo:
     packets: str = ""  # what the trace holds of /packets (otherData.packets)
 
 
-# The engine's clock is an int64 count of picoseconds of at most 2**62 (cmemu.run.CLOCK_LIMIT_PS):
+# The engine's clock is an int64 count of picoseconds of at most 2**62 (cmemu.run.diagnostics.CLOCK_LIMIT_PS):
 # a window is a span of that clock.
 WINDOW_LIMIT_PS = 2**62
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from cmemu.errors import CmemuError
 from cmemu.output.schema import READABLE_VERSIONS, TASK_FIELDS, TIMELINE_FORMAT
-from cmemu.output.summary import busy_union_ps, die_summary, hbm_capacity, hbm_figures
+from cmemu.output.summary import die_summary, hbm_capacity, hbm_figures
+from cmemu.results.overlap import busy_union_ps
 from cmemu.topology import LINK_KIND_NAMES
 from cmemu.vocab import NODE_TYPES, PACKET_TYPE_NAMES, PIPE_NAMES
 

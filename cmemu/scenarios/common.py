@@ -84,7 +84,7 @@ def run_doc(doc: dict, spec, **options):
     (as `cmemu run` runs the file it has read: cmemu.trace.TraceDocument). The run reads the
     document without changing it and keeps no reference to it once checked: freed then if the
     caller keeps none either."""
-    from cmemu.run import run_trace
+    from cmemu.run.pipeline import run_trace
     from cmemu.trace import TraceDocument
 
     source = TraceDocument(doc, f"<{spec.name} scenario trace>")

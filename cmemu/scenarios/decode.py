@@ -28,6 +28,7 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
+from cmemu.results.overlap import exposed_comm_by_class_ps
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.trace.deepseek import DecodeConfig, decode_trace
 from cmemu.workload.deepseek import LAYERS
@@ -70,16 +71,6 @@ def _layer_shape(cfg, model) -> tuple[int, int, bool]:
     from cmemu.models.step import dense_layers_of
 
     return dense_layers_of(model, cfg.layers), model.layers, model.moe
-
-
-def step_exposed_comm_ps(rank, is_comm, is_compute, start, end, ranks: int) -> np.ndarray:
-    """Per die, the scenarios' exposed communication of a step: the time one of its collectives
-    (by op class: MoE dispatch or combine, the attention's collectives) is in progress while none
-    of its compute ops runs. Not the timeline's /dies/exposed_comm_ps, which goes by op type (any
-    receive or collective against any COMP or memory op)."""
-    from cmemu.output.summary import uncovered_ps
-
-    return uncovered_ps(rank, start, end, ranks, is_comm, is_compute)
 
 
 def stream_busy(cfg: DecodeConfig, result, model=None) -> list[dict]:
@@ -135,7 +126,7 @@ def decode_metrics(cfg: DecodeConfig, result, model=None) -> dict:
             if rank[i] == 0 and n.endswith(f".mb{mb_last}.{leaf}")]  # MoE layers, the MTP one too
     layer_ps = int(np.diff(ends).mean()) if len(ends) >= 2 else None
     is_comm = np.isin(classes, ["dispatch", "combine", "tp_collectives"])
-    exposed = step_exposed_comm_ps(rank, is_comm, ~is_comm, start, end, dies)
+    exposed = exposed_comm_by_class_ps(rank, is_comm, ~is_comm, start, end, dies)
     accepted = cfg.accepted_per_step
     out = {
         "tokens_per_die": cfg.tokens_per_die, "micro_batches": cfg.micro_batches, "layers_simulated": cfg.layers,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import click
 
 from cmemu.errors import CmemuError
+from cmemu.fabric import build_fabric
 from cmemu.faults import parse_failures
-from cmemu.lower.fabric import build_fabric
 from cmemu.scenarios.common import scenario_command
 from cmemu.scenarios.ub_p2p import all_to_all
 from cmemu.topology import build_topology

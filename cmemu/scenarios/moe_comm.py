@@ -67,11 +67,13 @@ def moe_nodes(ranks, tokens, top_k, hidden, engine, cores, skew, seed, combine, 
 def run_collectives(doc: dict, spec, fabric_model: str = "packet"):
     """Lower and run a trace document keeping every internal op's times (the collectives'
     steps): (lowered, engine)."""
+    from cmemu.fabric import build_fabric
     from cmemu.lower import lower
-    from cmemu.lower.fabric import build_fabric
-    from cmemu.run import check_clock_range, simulate
+    from cmemu.run.diagnostics import check_clock_range
+    from cmemu.run.pipeline import simulate
     from cmemu.topology import build_topology
-    from cmemu.trace.ir import TraceDocument, load_trace
+    from cmemu.trace.check import load_trace
+    from cmemu.trace.read import TraceDocument
 
     source = TraceDocument(doc, f"<{spec.name} scenario trace>")
     trace = load_trace(source.name, spec.dies, read=source.take())

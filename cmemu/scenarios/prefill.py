@@ -21,9 +21,9 @@ from __future__ import annotations
 import click
 import numpy as np
 
-from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.errors import CmemuError
-from cmemu.scenarios.decode import step_exposed_comm_ps
+from cmemu.results.overlap import exposed_comm_by_class_ps
+from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.trace.deepseek import PrefillConfig
 from cmemu.trace.ems_fetch import prefill_step
 from cmemu.workload.deepseek import DENSE_LAYERS, LAYERS
@@ -99,7 +99,7 @@ def prefill_metrics(cfg: PrefillConfig, result, model=None) -> tuple[dict, dict]
     ems = classes == "ems_gather"
     if ems.any() and dense_sim < 2:
         dense_ps = None  # layer 0 waits for the EMS fetch: its time is no dense layer's (simulate 3 layers)
-    exposed = step_exposed_comm_ps(rank, is_comm, is_compute, start, end, cfg.ep)
+    exposed = exposed_comm_by_class_ps(rank, is_comm, is_compute, start, end, cfg.ep)
     npus = cfg.ep / 2
     tokens = cfg.prompt_tokens_per_step
     out = {

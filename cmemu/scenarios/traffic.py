@@ -184,7 +184,7 @@ def run_point(topo, fabric, t: Traffic, dies: int) -> tuple[dict, float]:
     """Simulate one offered load: its row (module docstring) and the engine's wall time in s (not
     in the row, which holds only what the model predicts: bench/bench_traffic.py reports the
     simulation's speed)."""
-    from cmemu.run import simulate
+    from cmemu.run.pipeline import simulate
 
     src, dst, created, senders = generate(t, dies, topo.spec.dies_per_npu)
     if src.size == 0:
@@ -285,7 +285,7 @@ def command(spec, pattern, loads, packet_size, arrival, scope, dies, incast_send
     """Latency-load curves: open-loop write packets at fractions of each die's line rate
     (uniform, permutation, incast, all-to-all; Bernoulli or Poisson arrivals) on one sub-plane
     or the whole UB fabric: offered vs accepted load, mean and p99 latency, saturation."""
-    from cmemu.lower.fabric import build_fabric
+    from cmemu.fabric import build_fabric
     from cmemu.units import parse_sizes
     from cmemu.topology import build_topology
 

@@ -20,10 +20,10 @@ import click
 import numpy as np
 
 from cmemu.errors import CmemuError
+from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
-from cmemu.lower.fabric import build_fabric
-from cmemu.run import simulate
+from cmemu.run.pipeline import simulate
 from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
 from cmemu.units import parse_sizes

@@ -88,7 +88,7 @@ def _replay(config: dict, trace_path, folder: str):
     from pathlib import Path
 
     from cmemu.output.reader import open_timeline
-    from cmemu.run import run_trace
+    from cmemu.run.pipeline import run_trace
     from cmemu.sweep.plan import TRACE_OPTIONS
 
     kwargs = {TRACE_OPTIONS[k]: v for k, v in config["options"].items() if k in TRACE_OPTIONS}

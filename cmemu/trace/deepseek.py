@@ -107,14 +107,15 @@ def decode_deployment(cfg: DecodeConfig):
     """CloudMatrix-Infer's decode deployment (docs/machine.md 2.8) with ``cfg``'s options: one expert
     slot per die (at EP320: 256 routed experts, 32 copies of the shared expert, 32 redundant),
     the shared expert drawn as a ninth destination of the routing, attention on 16 AIC + 32 AIV
-    and the MoE on 8 AIC + 16 AIV of each die."""
+    and the MoE on 8 AIC + 16 AIV of each die with two micro-batches, each on the whole die with
+    one (DecodeDeployment.stream_aic)."""
     from cmemu.models.step import DecodeDeployment
 
     return DecodeDeployment(ep=cfg.ep, tokens_per_die=cfg.tokens_per_die, kv_len=cfg.kv_len,
                             micro_batches=cfg.micro_batches, mtp=cfg.mtp, mtp_acceptance=cfg.mtp_acceptance,
                             weight_dtype="int8" if cfg.int8 else "bf16", dispatch_engine=cfg.dispatch_engine,
                             skew=cfg.skew, layers=cfg.layers, seed=cfg.seed, lm_head_tp=cfg.lm_head_tp,
-                            experts_per_die=1, shared_expert="ep", attn_aic=16, moe_aic=8)
+                            experts_per_die=1, shared_expert="ep")
 
 
 def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:

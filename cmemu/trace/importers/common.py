@@ -62,7 +62,7 @@ def read_json(path: Path):
 def check_built(doc: dict, output, num_ranks: int) -> None:
     """The trace an importer built must be valid; if it is not, the importer's mapping is at
     fault, and the first problem says where."""
-    from cmemu.trace.ir import check_trace
+    from cmemu.trace.check import check_trace
 
     errors = check_trace(doc, str(output), num_ranks)
     if errors:

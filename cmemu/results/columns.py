@@ -1,6 +1,6 @@
-"""Column helpers of the timeline writer (Numba kernels): a stable order by small integer keys,
-exact integer sums by index, and checks for repeated keys (in an order, or in rows already
-sorted by them).
+"""Column helpers of the post-run views and the timeline writer (Numba kernels): a stable order
+by small integer keys, exact integer sums by index, and checks for repeated keys (in an order, or
+in rows already sorted by them).
 
 ``lexsort_order`` gives ``np.lexsort``'s order (stable, the last key primary) by a counting sort
 per key, O(rows + key range) each, where ``np.lexsort`` compares; a key already in order costs a

@@ -1,360 +1,48 @@
-"""Trace IR v1: reading, checking and loading cmemu's native operator trace.
-
-A trace is a JSON document (or JSONL, one node per line) in the spirit of MLCommons Chakra: a
-header and a list of nodes, each a compute op, one side of a point-to-point message, or a memory
-transfer, placed on a rank (a die of the system) and a stream. docs/trace-format.md is the
-reference; ``schema/trace-v1.schema.json`` is the shipped contract for what one file may hold.
-
-This module checks everything a single file can get wrong (fields, types, ranges, references,
-message matching, dependency cycles, the header's fault schedule, names that can be stored) with
-plain Python, one pass per node, so that 10^5 nodes check in a fraction of a second; jsonschema is
-never used at run time. What it leaves to the system (``node_check``, cmemu.lower.checks, called
-once per distinct attributes when given): whether a preset has as many cores as ``cmemu.cores``
-asks for, and what an op costs.
+"""Checking a trace and loading it: everything a single file can get wrong (fields, types, ranges,
+references, message matching, dependency cycles, the header's fault schedule, names that can be
+stored), with plain Python, one pass per node, so that 10^5 nodes check in a fraction of a
+second; jsonschema (``schema/trace-v1.schema.json``, the shipped contract) is never used at run
+time. What it leaves to the system (``node_check``, cmemu.lower.checks, called once per distinct
+attributes when given): whether a preset has as many cores as ``cmemu.cores`` asks for, and what
+an op costs.
 ``COMM_COLL`` nodes are collectives over a group of ranks named in the header's ``groups``: each
 member has its own node, and the k-th collective of a group on one member goes with the k-th on
 every other member.
 """
 from __future__ import annotations
 
-import gc
-import hashlib
 import json
 import math
-import sys
-from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, replace
-from functools import cached_property
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
 from cmemu.errors import TraceError
-from cmemu.units import ns_to_ps  # noqa: F401 (re-exported)
+from cmemu.trace.model import Trace, TraceGraph, make_node, pair_messages, with_stream_order
+from cmemu.trace.read import gc_paused, number_text, read_trace, value_kind
+from cmemu.trace.vocab import (
+    COLL_ENGINES,
+    COLL_TYPES,
+    FAULT_KEYS,
+    HEADER_KEYS,
+    MAX_FAULT_NS,
+    MAX_PS,
+    MAX_STREAM,
+    MOE_KERNELS,
+    MOE_TYPES,
+    NODE_KEYS,
+    SCHEMA,
+    VERSION,
+)
+from cmemu.units import MAX_TRACE_INT, ns_to_ps
 from cmemu.vocab import COMP_DTYPES, COMP_OPS, COMP_SHAPE_ATTRS, COMP_UNITS, MEM_PLANES, NODE_TYPES, PLANES
 
-SCHEMA = "cmemu.trace"
-VERSION = 1
 _NODE_TYPE_SET = frozenset(NODE_TYPES)
 _NODE_TYPE_OWN = {t: t for t in NODE_TYPES}  # the module's own string for each type (see _own)
 # Chakra node types that cmemu knows of but cannot run yet: named in the error, not "unknown".
 _NOT_YET = ()
-# Collectives (COMM_COLL comm_type), with the engines that can run them (the first is the default).
-COLL_TYPES = ("ALL_TO_ALL", "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE", "BROADCAST", "MOE_DISPATCH",
-              "MOE_COMBINE")
-COLL_ENGINES = ("sdma", "aiv")
-MOE_TYPES = ("MOE_DISPATCH", "MOE_COMBINE")
-MOE_KERNELS = ("low_latency", "normal")  # cmemu.lower.moe.KERNELS: the fused kernels on AIV-Direct
 # Attributes that must agree between the members of one collective.
 _COLL_SHARED = ("comm_type", "comm_size", "cmemu.root", "cmemu.tokens", "cmemu.top_k", "cmemu.hidden",
                 "cmemu.payload_bytes", "cmemu.experts", "cmemu.skew", "cmemu.seed", "cmemu.kernel")
-
-# JSON numbers beyond 2**53 are not exact in a double, so no tool chain can be trusted with them.
-MAX_INT = 2**53
-# The core's clock is an int64 count of picoseconds; 2**62 leaves headroom for sums of durations.
-MAX_PS = 2**62
-# Streams are int32 in the lowered arrays and the timeline.
-MAX_STREAM = 2**31 - 1
-
-_HEADER_KEYS = frozenset({"schema", "version", "time_unit", "system", "description", "groups", "nodes"})
-_NODE_KEYS = frozenset({"id", "name", "type", "rank", "stream", "data_deps", "ctrl_deps", "attrs"})
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    """One trace node, checked, with defaults filled in.
-
-    ``attrs`` holds every attribute of the node's type that has a default (e.g. ``comm_tag``,
-    ``cmemu.plane``, ``cmemu.unit``), the ones given, and ``x-`` attributes as written.
-    ``cmemu.cores`` is absent when not given (meaning: all cores of the unit). Nodes of one type
-    with equal attributes share one ``attrs`` dict (and nodes with one name one string): treat
-    them as read-only.
-    """
-
-    id: int
-    name: str
-    type: str
-    rank: int
-    stream: int
-    data_deps: tuple[int, ...]
-    ctrl_deps: tuple[int, ...]
-    attrs: dict = field(hash=False)
-
-
-def _node_maker():
-    """``Node(...)`` without the frozen dataclass's ``__init__``, which sets each field through
-    ``object.__setattr__``: the slots' own setters, called directly, make the same node in half
-    the time (0.4 s less for the 670,000 nodes of a 61-layer decode step)."""
-    new = object.__new__
-    s_id, s_name, s_type, s_rank, s_stream, s_data, s_ctrl, s_attrs = (
-        Node.__dict__[f.name].__set__ for f in fields(Node))
-
-    def make(id, name, type, rank, stream, data_deps, ctrl_deps, attrs):  # noqa: A002 (Node's names)
-        node = new(Node)
-        s_id(node, id)
-        s_name(node, name)
-        s_type(node, type)
-        s_rank(node, rank)
-        s_stream(node, stream)
-        s_data(node, data_deps)
-        s_ctrl(node, ctrl_deps)
-        s_attrs(node, attrs)
-        return node
-
-    return make
-
-
-_new_node = _node_maker()
-
-
-@dataclass(frozen=True, eq=False)
-class TraceGraph:
-    """A trace's nodes and edges as arrays, by place in the file (node i is ``nodes[i]``): what
-    the lowering reads instead of walking the nodes. The loader builds it as it checks."""
-
-    id: np.ndarray  # int64 [nodes]
-    rank: np.ndarray  # int32 [nodes]
-    stream: np.ndarray  # int32 [nodes]
-    # Dependencies: node data_succ[k] waits for node data_pred[k]; node after node, each node's
-    # in the order of its data_deps (ctrl_* the same for ctrl_deps).
-    data_pred: np.ndarray  # int32 [data edges]
-    data_succ: np.ndarray  # int32 [data edges]
-    ctrl_pred: np.ndarray  # int32 [control edges]
-    ctrl_succ: np.ndarray  # int32 [control edges]
-    stream_pred: np.ndarray  # int32 [nodes]: the node before it on its (rank, stream), else -1
-    messages: np.ndarray  # int64 [messages, 2]: (COMM_SEND, COMM_RECV) of each message, in the sends' order
-    # Each collective's members, in its group's rank order: the groups in the order of their first
-    # COMM_COLL node, and within a group its first collective on every member, then its second...
-    collectives: list
-
-
-@dataclass(frozen=True)
-class Trace:
-    """A loaded, valid trace. ``nodes`` are in file order; ``header`` is everything but nodes."""
-
-    path: str
-    sha256: str
-    header: dict
-    nodes: list[Node]
-    system: str | None
-
-    @cached_property
-    def by_id(self) -> dict[int, Node]:
-        return {node.id: node for node in self.nodes}
-
-    @cached_property
-    def graph(self) -> TraceGraph:
-        """The nodes as arrays (``load_trace`` gives the one it built as it checked)."""
-        return graph_of(self.nodes, self.header.get("groups", {}))
-
-
-def graph_of(nodes: list[Node], groups: dict) -> TraceGraph:
-    """The TraceGraph of valid nodes, worked out from the nodes alone (as the loader's must be)."""
-    index = {node.id: i for i, node in enumerate(nodes)}
-    deps = {}
-    for kind in ("data_deps", "ctrl_deps"):
-        lists = [getattr(node, kind) for node in nodes]
-        deps[kind] = (np.array([index[d] for lst in lists for d in lst], dtype=np.int32),
-                      np.array([i for i, lst in enumerate(lists) for _ in lst], dtype=np.int32))
-    msgs = []
-    for i, node in enumerate(nodes):
-        if node.type == "COMM_SEND":
-            msgs.append((True, i, node.rank, node.attrs["comm_dst"], node.attrs["comm_tag"]))
-        elif node.type == "COMM_RECV":
-            msgs.append((False, i, node.attrs["comm_src"], node.rank, node.attrs["comm_tag"]))
-    by = {}  # (group, rank) -> its COMM_COLL nodes in file order; groups in order of first node
-    for i, node in enumerate(nodes):
-        if node.type == "COMM_COLL":
-            by.setdefault(node.attrs["cmemu.group"], {}).setdefault(node.rank, []).append(i)
-    collectives = [[by[g][r][k] for r in groups[g]] for g in by for k in range(len(by[g][groups[g][0]]))]
-    graph = TraceGraph(
-        id=np.array([node.id for node in nodes], dtype=np.int64),
-        rank=np.array([node.rank for node in nodes], dtype=np.int32),
-        stream=np.array([node.stream for node in nodes], dtype=np.int32),
-        data_pred=deps["data_deps"][0], data_succ=deps["data_deps"][1],
-        ctrl_pred=deps["ctrl_deps"][0], ctrl_succ=deps["ctrl_deps"][1], stream_pred=None,
-        messages=np.array(_pair_messages(msgs)[0], dtype=np.int64).reshape(-1, 2), collectives=collectives)
-    return _with_stream_order(graph)
-
-
-def _with_stream_order(graph: TraceGraph) -> TraceGraph:
-    """The graph with its ``stream_pred`` (nodes whose rank is -1 have none and are none's)."""
-    key = graph.rank.astype(np.int64) << 32 | graph.stream.astype(np.int64)
-    order = np.argsort(key, kind="stable")
-    same = (key[order[1:]] == key[order[:-1]]) & (graph.rank[order[1:]] >= 0)
-    stream_pred = np.full(key.shape[0], -1, dtype=np.int32)
-    stream_pred[order[1:][same]] = order[:-1][same]
-    return replace(graph, stream_pred=stream_pred)
-
-
-def schema_path():
-    """The shipped JSON Schema (draft 2020-12) of trace v1, as a path-like Traversable."""
-    return resources.files("cmemu.trace") / "schema" / "trace-v1.schema.json"
-
-
-@contextmanager
-def _gc_paused():
-    """Pause the cyclic garbage collector while a trace is parsed and checked.
-
-    Parsing and checking allocate millions of small objects, none of them in a cycle; with the
-    collector on, it rescans the whole growing trace again and again (about half the load time).
-    On the way out they are moved to the oldest generation without a scan (``gc.freeze()`` then
-    ``gc.unfreeze()``): left in the youngest, the first allocation after would start a
-    collection of all of them (0.5 s for a 670,000-node trace, once after reading and again
-    after checking).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.unfreeze()
-        if was_enabled:
-            gc.enable()
-
-
-# --------------------------------------------------------------------------------------- reading
-
-
-def read_trace(path) -> tuple[dict, str]:
-    """Parse a trace file into ``(doc, sha256)``; ``doc`` has the JSON document's shape.
-
-    ``.jsonl`` files hold the header object (without ``nodes``) on their first non-blank line and
-    one node object on each further non-blank line; anything else is read as one JSON document.
-    Raises TraceError for a missing or unreadable file and for malformed JSON (line and column).
-    """
-    spath = str(path)
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise TraceError(spath, "no such file") from None
-    except IsADirectoryError:
-        raise TraceError(spath, "is a directory, not a trace file") from None
-    except OSError as exc:
-        raise TraceError(spath, f"cannot read: {exc.strerror}") from None
-    sha256 = hashlib.sha256(data).hexdigest()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise TraceError(spath, f"not UTF-8 text: invalid byte at line {line}") from None
-    with _gc_paused():
-        if p.suffix == ".jsonl":
-            return _parse_jsonl(text, spath), sha256
-        return _parse_json(text, spath, 0), sha256
-
-
-class TraceDocument:
-    """A trace in memory, ready to check and run: a document of docs/trace-format.md's shape
-    (what ``read_trace`` parses a file into, or what a generator builds: the scenarios'), the
-    name its errors carry, and the file it came from, if any. ``cmemu run`` reads its file into
-    one (``read_document``) and the scenarios make one of the dict they generated; both hand it
-    to cmemu.run.run_trace, which checks and runs it the same way, so a generated trace needs no
-    file. The run takes the document over (``take``) and reads it without changing it: with no
-    other reference, it is freed once checked."""
-
-    __slots__ = ("doc", "name", "file", "_sha256")
-
-    def __init__(self, doc: dict, name: str = "<generated trace>", sha256: str | None = None, file=None):
-        self.doc, self.name, self.file, self._sha256 = doc, str(name), file, sha256
-
-    @property
-    def sha256(self) -> str:
-        """The file's sha256; a generated document's is that of the file `cmemu trace gen` would
-        write of it (cmemu.trace.writer: the same digest as the run of that file records)."""
-        if self._sha256 is None:
-            from cmemu.trace.writer import write_trace
-
-            digest = hashlib.sha256()
-
-            class _Hashing:
-                def write(self, text):
-                    digest.update(text.encode())
-
-            write_trace(self.doc, _Hashing())
-            self._sha256 = digest.hexdigest()
-        return self._sha256
-
-    def take(self) -> tuple[dict, str]:
-        """(document, sha256) for ``load_trace(read=...)``, and this object keeps the document no
-        more. The sha256 is "" for a generated document whose ``sha256`` was never asked for (it
-        costs a serialisation: a run asks only when it writes a timeline, which records it)."""
-        if self.doc is None:
-            raise ValueError(f"{self.name}: this trace document was already run")
-        read = self.doc, self._sha256 or ""
-        self.doc = None
-        return read
-
-
-def read_document(path) -> TraceDocument:
-    """A trace file read into memory (``read_trace``)."""
-    doc, sha256 = read_trace(path)
-    return TraceDocument(doc, str(path), sha256, file=Path(path))
-
-
-_JSON_SPACE = " \t\n\r"  # JSON's whitespace (str.strip() would take Unicode's, which JSON refuses)
-
-
-def _parse_json(text: str, spath: str, line_offset: int):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceError(
-            spath,
-            f"invalid JSON at line {exc.lineno + line_offset} column {exc.colno}: {exc.msg}",
-        ) from None
-    except RecursionError:
-        raise TraceError(spath, "invalid JSON: nested too deeply") from None
-    except ValueError:
-        # Python refuses integer literals of more than sys.get_int_max_str_digits() digits.
-        raise TraceError(spath, "invalid JSON: a number has too many digits "
-                         f"(more than {sys.get_int_max_str_digits()})") from None
-
-
-def _parse_jsonl(text: str, spath: str) -> dict:
-    header = None
-    nodes = []
-    # json.loads per line, without its wrapper's cost per call (half the read of a 670,000-line
-    # trace): the decoder's scanner on the line without its JSON whitespace, which must be one
-    # value; anything else goes through json.loads itself, for its error (or, all the same, value).
-    scan = json.JSONDecoder().scan_once
-    for lineno, line in enumerate(text.split("\n")):
-        value = line.strip(_JSON_SPACE)
-        if not value:
-            continue
-        try:
-            obj, end = scan(value, 0)
-            if end != len(value):
-                raise ValueError("extra data")
-        except (StopIteration, ValueError, RecursionError):
-            if not line.strip():  # blank but for Unicode's whitespace: skipped, as every blank line
-                continue
-            obj = _parse_json(line, spath, lineno)
-        if header is None:
-            if type(obj) is not dict:
-                raise TraceError(
-                    spath, f"line {lineno + 1}: the first line of a JSONL trace must be the "
-                    f"header object, got {_kind(obj)}"
-                )
-            if "nodes" in obj:
-                raise TraceError(
-                    spath, f"line {lineno + 1}: a JSONL header must not hold 'nodes'; write one "
-                    "node per line after it", field="nodes"
-                )
-            header = obj
-        else:
-            nodes.append(obj)
-    if header is None:
-        raise TraceError(spath, "empty file: expected a header line and node lines")
-    doc = dict(header)
-    doc["nodes"] = nodes
-    return doc
-
-
-# -------------------------------------------------------------------------------------- checking
 
 
 def check_trace(doc, path, num_ranks: int, node_check=None) -> list[TraceError]:
@@ -367,7 +55,7 @@ def check_trace(doc, path, num_ranks: int, node_check=None) -> list[TraceError]:
     each is reported on the first node with those attributes. Never raises for bad content
     (only ValueError for a bad ``num_ranks``, a caller's bug).
     """
-    with _gc_paused():
+    with gc_paused():
         return _check(doc, str(path), num_ranks, build=False, node_check=node_check)[0]
 
 
@@ -379,7 +67,7 @@ def load_trace(path, num_ranks: int, read=None, node_check=None) -> Trace:
     """
     doc, sha256 = read if read is not None else read_trace(path)
     spath = str(path)
-    with _gc_paused():
+    with gc_paused():
         errors, nodes, graph = _check(doc, spath, num_ranks, build=True, node_check=node_check)
     if errors:
         first = errors[0]
@@ -394,55 +82,6 @@ def load_trace(path, num_ranks: int, read=None, node_check=None) -> Trace:
     trace.__dict__["graph"] = graph  # Trace.graph, as it was built while checking
     return trace
 
-
-def stream_predecessors(trace: Trace) -> dict[int, int]:
-    """For each node that is not first on its (rank, stream): the id of the node before it."""
-    last = {}
-    pred = {}
-    for node in trace.nodes:
-        key = (node.rank, node.stream)
-        before = last.get(key)
-        if before is not None:
-            pred[node.id] = before
-        last[key] = node.id
-    return pred
-
-
-def match_messages(trace: Trace) -> list[tuple[int, int]]:
-    """``(send_id, recv_id)`` of every message of a valid trace, in the sends' file order."""
-    nodes = trace.nodes
-    return [(nodes[s].id, nodes[r].id) for s, r in trace.graph.messages.tolist()]
-
-
-def _pair_messages(msgs):
-    """Match sends and receives given in file order as (is_send, file index, src, dst, tag).
-
-    The k-th send from src to dst with a tag matches the k-th receive on dst from src with that
-    tag, as MPI orders the messages of one (source, tag). Returns the (send, recv) pairs of file
-    indices in the sends' order, and the sends and the receives left unmatched (as given).
-    """
-    sends = {}
-    recvs = {}
-    order = {}  # channels in order of first appearance
-    for m in msgs:
-        channel = m[2:]
-        book = sends if m[0] else recvs
-        queue = book.get(channel)
-        if queue is None:
-            queue = book[channel] = []
-            order[channel] = None
-        queue.append(m)
-    matched = []
-    lone_sends = []
-    lone_recvs = []
-    for channel in order:
-        s = sends.get(channel, ())
-        r = recvs.get(channel, ())
-        matched.extend(zip(s, r))
-        lone_sends.extend(s[len(r):])
-        lone_recvs.extend(r[len(s):])
-    matched.sort(key=lambda pair: pair[0][1])
-    return [(s[1], r[1]) for s, r in matched], lone_sends, lone_recvs
 
 
 def _own(v):
@@ -465,32 +104,13 @@ def _own(v):
     return v
 
 
-def _kind(v) -> str:
-    if v is None:
-        return "null"
-    if type(v) is bool:
-        return "a boolean"
-    if type(v) is str:
-        return json.dumps(v if len(v) <= 60 else v[:57] + "...")
-    if type(v) is list:
-        return "an array"
-    if type(v) is dict:
-        return "an object"
-    return _num(v)
-
-
-def _num(v) -> str:
-    """A number for a one-line message: a huge integer by its number of digits, not in full."""
-    text = repr(v)
-    return text if len(text) <= 40 else f"a {len(text.lstrip('-'))}-digit number"
-
 
 def _bad_float(v: float) -> str | None:
     if v != v:
         return "NaN is not a number cmemu accepts"
     if v in (math.inf, -math.inf):
         return "Infinity is not a number cmemu accepts"
-    if abs(v) > MAX_INT:
+    if abs(v) > MAX_TRACE_INT:
         return f"{v!r} is too large (at most 2**53)"
     return None
 
@@ -499,8 +119,8 @@ def _as_int(v, lo: int):
     """``(int, None)`` for an integer >= lo (1024.0 counts, as in JSON Schema), else (None, msg)."""
     t = type(v)
     if t is int:
-        if v > MAX_INT:
-            return None, f"{_num(v)} is too large (at most 2**53)"
+        if v > MAX_TRACE_INT:
+            return None, f"{number_text(v)} is too large (at most 2**53)"
     elif t is float:
         msg = _bad_float(v)
         if msg:
@@ -509,9 +129,9 @@ def _as_int(v, lo: int):
             return None, f"expected an integer, got {v!r}"
         v = int(v)
     else:
-        return None, f"expected an integer, got {_kind(v)}"
+        return None, f"expected an integer, got {value_kind(v)}"
     if v < lo:
-        return None, f"must be >= {lo}, got {_num(v)}"
+        return None, f"must be >= {lo}, got {number_text(v)}"
     return v, None
 
 
@@ -519,16 +139,16 @@ def _as_number(v):
     """``(number, None)`` for a finite number >= 0, else (None, msg)."""
     t = type(v)
     if t is int:
-        if v > MAX_INT:
-            return None, f"{_num(v)} is too large (at most 2**53)"
+        if v > MAX_TRACE_INT:
+            return None, f"{number_text(v)} is too large (at most 2**53)"
     elif t is float:
         msg = _bad_float(v)
         if msg:
             return None, msg
     else:
-        return None, f"expected a number, got {_kind(v)}"
+        return None, f"expected a number, got {value_kind(v)}"
     if v < 0:
-        return None, f"must be >= 0, got {_num(v)}"
+        return None, f"must be >= 0, got {number_text(v)}"
     return v, None
 
 
@@ -543,7 +163,7 @@ def _as_choice(choices):
     def check(v):
         if v in choices and type(v) is str:
             return v, None
-        return None, f"must be one of {', '.join(choices)}; got {_kind(v)}"
+        return None, f"must be one of {', '.join(choices)}; got {value_kind(v)}"
 
     return check
 
@@ -555,7 +175,7 @@ def _as_size(v):
 def _as_group_name(v):
     if type(v) is str and v:
         return v, None
-    return None, f"must be the name of a group in the header's \"groups\", got {_kind(v)}"
+    return None, f"must be the name of a group in the header's \"groups\", got {value_kind(v)}"
 
 
 def _as_cores(v):
@@ -653,7 +273,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
         return errors, None, None
 
     if type(doc) is not dict:
-        err(-1, f"the top level must be an object (the header with its nodes), got {_kind(doc)}")
+        err(-1, f"the top level must be an object (the header with its nodes), got {value_kind(doc)}")
         return done(None)
     _check_header(doc, err)
     nodes_in = doc.get("nodes")
@@ -661,7 +281,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
         err(-1, "missing: the trace needs a list of nodes", fld="nodes")
         return done(None)
     if type(nodes_in) is not list:
-        err(-1, f"must be an array of node objects, got {_kind(nodes_in)}", fld="nodes")
+        err(-1, f"must be an array of node objects, got {value_kind(nodes_in)}", fld="nodes")
         return done(None)
 
     n = len(nodes_in)
@@ -671,10 +291,10 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
     index_of = {}
     for i, nd in enumerate(nodes_in):
         if type(nd) is not dict:
-            err(i, f"nodes[{i}] must be an object, got {_kind(nd)}")
+            err(i, f"nodes[{i}] must be an object, got {value_kind(nd)}")
             continue
         nid = nd.get("id")
-        if type(nid) is not int or not 0 <= nid <= MAX_INT:
+        if type(nid) is not int or not 0 <= nid <= MAX_TRACE_INT:
             nid, msg = _as_int(nid, 0) if "id" in nd else (None, "missing: every node needs an id")
             if msg:
                 err(i, f"nodes[{i}]: {msg}", fld="id")
@@ -701,7 +321,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
     colls = []  # (index, rank, attrs) of COMM_COLL nodes
     groups = _check_groups(doc.get("groups"), num_ranks, err) if "groups" in doc else {}
     forward = False  # some dependency names a node later in the file
-    node_keys = _NODE_KEYS
+    node_keys = NODE_KEYS
     no_deps = ()
     # Many nodes repeat a name (one per rank) and attributes (one operator shape): the nodes keep
     # one string and one checked attrs dict for each, as the lowering's per-shape costs expect.
@@ -709,7 +329,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
     shared_attrs = {}  # (type, raw items, their value types) -> attrs, for attrs without problems
     checked = {}  # id(attrs) -> [first node's index, label, prefix, nodes, attrs, node_check's problems]
     own_int = {}.setdefault  # the trace's own copy of each rank and stream (see _own)
-    new_node = _new_node
+    new_node = make_node
     for i, nd in enumerate(nodes_in):
         if type(nd) is not dict:
             continue
@@ -734,7 +354,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
                 msg = f"{ntype} is a Chakra node type cmemu does not support in trace v1 yet; " \
                       "write the collective as COMM_SEND/COMM_RECV nodes"
             else:
-                msg = f"unknown type {_kind(ntype)}; one of {', '.join(NODE_TYPES)}"
+                msg = f"unknown type {value_kind(ntype)}; one of {', '.join(NODE_TYPES)}"
             err(i, pre + msg, label, "type")
 
         name = get("name")
@@ -742,7 +362,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
             if build and type_ok:
                 name = f"{ntype.lower()}_{label}"
         elif type(name) is not str or not name:
-            err(i, f"{pre}must be a non-empty string, got {_kind(name)}", label, "name")
+            err(i, f"{pre}must be a non-empty string, got {value_kind(name)}", label, "name")
         elif name not in shared_names and _unstorable(name):
             err(i, f"{pre}{_unstorable(name)}", label, "name")
         elif build:
@@ -765,7 +385,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
         if type(stream) is not int or not 0 <= stream <= MAX_STREAM:
             stream, msg = _as_int(stream, 0)
             if msg is None and stream > MAX_STREAM:
-                stream, msg = None, f"{_num(stream)} is too large (at most 2**31 - 1)"
+                stream, msg = None, f"{number_text(stream)} is too large (at most 2**31 - 1)"
             if msg:
                 err(i, pre + msg, label, "stream")
 
@@ -785,7 +405,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
             for fld, raw in (("data_deps", data_deps), ("ctrl_deps", ctrl_deps)):
                 if type(raw) is not list:
                     if raw is not no_deps:
-                        err(i, f"{pre}must be an array of node ids, got {_kind(raw)}", label, fld)
+                        err(i, f"{pre}must be an array of node ids, got {value_kind(raw)}", label, fld)
                     deps_out.append(no_deps)
                     continue
                 good = []
@@ -821,7 +441,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
         elif data_deps is not no_deps or ctrl_deps is not no_deps:
             for fld, raw in (("data_deps", data_deps), ("ctrl_deps", ctrl_deps)):
                 if raw is not no_deps and type(raw) is not list:
-                    err(i, f"{pre}must be an array of node ids, got {_kind(raw)}", label, fld)
+                    err(i, f"{pre}must be an array of node ids, got {value_kind(raw)}", label, fld)
             data_deps = ctrl_deps = no_deps
 
         raw_attrs = get("attrs", no_deps)
@@ -830,7 +450,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
             if raw_attrs is no_deps:
                 raw_attrs = {}
             else:
-                err(i, f"{pre}must be an object, got {_kind(raw_attrs)}", label, "attrs")
+                err(i, f"{pre}must be an object, got {value_kind(raw_attrs)}", label, "attrs")
                 raw_attrs = None
         if type_ok and raw_attrs is not None:
             # A message's attributes are checked against its rank; other nodes' only against
@@ -893,7 +513,7 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
         data_pred=np.array(data_pred, dtype=np.int32), data_succ=np.array(data_succ, dtype=np.int32),
         ctrl_pred=np.array(ctrl_pred, dtype=np.int32), ctrl_succ=np.array(ctrl_succ, dtype=np.int32),
         stream_pred=None, messages=np.array(pairs, dtype=np.int64).reshape(-1, 2), collectives=instances)
-    graph = _with_stream_order(graph)
+    graph = with_stream_order(graph)
     _check_cycles(ids, graph, forward, err)
     return done(out_nodes, graph)
 
@@ -901,16 +521,16 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
 def _check_groups(raw, num_ranks: int, err) -> dict:
     """The header's groups: name -> tuple of distinct ranks (at least two)."""
     if type(raw) is not dict:
-        err(-1, f"must be an object of group name -> list of ranks, got {_kind(raw)}", fld="groups")
+        err(-1, f"must be an object of group name -> list of ranks, got {value_kind(raw)}", fld="groups")
         return {}
     out = {}
     for name, ranks in raw.items():
         if type(ranks) is not list or len(ranks) < 2:
-            err(-1, f"group '{name}' must be a list of at least two ranks, got {_kind(ranks)}", fld="groups")
+            err(-1, f"group '{name}' must be a list of at least two ranks, got {value_kind(ranks)}", fld="groups")
             continue
         bad = [r for r in ranks if type(r) is not int or not 0 <= r < num_ranks]
         if bad:
-            err(-1, f"group '{name}': {_kind(bad[0])} is not a rank of the system (0..{num_ranks - 1})",
+            err(-1, f"group '{name}': {value_kind(bad[0])} is not a rank of the system (0..{num_ranks - 1})",
                 fld="groups")
             continue
         if len(set(ranks)) != len(ranks):
@@ -979,64 +599,59 @@ def _check_collectives(colls, groups, ids, err) -> list:
 
 def _check_header(doc: dict, err) -> None:
     if doc.get("schema") != SCHEMA or type(doc.get("schema")) is not str:
-        got = _kind(doc["schema"]) if "schema" in doc else "nothing"
+        got = value_kind(doc["schema"]) if "schema" in doc else "nothing"
         err(-1, f"must be \"{SCHEMA}\", got {got}", fld="schema")
     version = doc.get("version")
     if "version" not in doc:
         err(-1, f"missing; this cmemu reads version {VERSION}", fld="version")
     elif version != VERSION or type(version) not in (int, float):
-        shown = _num(version) if type(version) in (int, float) else _kind(version)
+        shown = number_text(version) if type(version) in (int, float) else value_kind(version)
         err(-1, f"unsupported trace version {shown}; this cmemu reads version {VERSION}",
             fld="version")
     if doc.get("time_unit") != "ns" or type(doc.get("time_unit")) is not str:
-        got = _kind(doc["time_unit"]) if "time_unit" in doc else "nothing"
+        got = value_kind(doc["time_unit"]) if "time_unit" in doc else "nothing"
         err(-1, f"must be \"ns\" (every time in a v1 trace is in nanoseconds), got {got}",
             fld="time_unit")
     for key in ("system", "description"):
         if key in doc and (type(doc[key]) is not str or not doc[key]):
-            err(-1, f"must be a non-empty string, got {_kind(doc[key])}", fld=key)
+            err(-1, f"must be a non-empty string, got {value_kind(doc[key])}", fld=key)
     if "cmemu.faults" in doc:
         _check_faults(doc["cmemu.faults"], err)
     for key in doc:
-        if key not in _HEADER_KEYS and not (
+        if key not in HEADER_KEYS and not (
             type(key) is str and (key.startswith("x-") or key.startswith("cmemu."))
         ):
-            err(-1, f"unknown header field (header fields: {', '.join(sorted(_HEADER_KEYS))}; "
+            err(-1, f"unknown header field (header fields: {', '.join(sorted(HEADER_KEYS))}; "
                 "'x-' and 'cmemu.' fields are kept)", fld=key)
 
-
-# A fault schedule entry: the part (as --fail names it) and when it fails (0: from the start).
-FAULT_KEYS = ("fail", "at_ns")
-# A failure during a run must land on the clock: its time in ps below 2**62 (at_ns below 2**52).
-MAX_FAULT_NS = 2**52
 
 
 def _check_faults(raw, err) -> None:
     """The header's ``cmemu.faults``: a list of {"fail": PART, "at_ns": TIME}. Whether each PART
-    names a part of the system is checked against the topology (cmemu.run.trace_failures)."""
+    names a part of the system is checked against the topology (cmemu.run.pipeline.trace_failures)."""
     fld = "cmemu.faults"
     if type(raw) is not list:
         err(-1, f"must be a list of {{\"fail\": PART, \"at_ns\": TIME}} objects (PART as --fail names it: "
-            f"link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID), got {_kind(raw)}", fld=fld)
+            f"link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID), got {value_kind(raw)}", fld=fld)
         return
     for k, entry in enumerate(raw):
         where = f"{fld}[{k}]"
         if type(entry) is not dict:
-            err(-1, f"must be {{\"fail\": PART, \"at_ns\": TIME}}, got {_kind(entry)}", fld=where)
+            err(-1, f"must be {{\"fail\": PART, \"at_ns\": TIME}}, got {value_kind(entry)}", fld=where)
             continue
         for key in entry:
             if key not in FAULT_KEYS and not (type(key) is str and key.startswith("x-")):
-                err(-1, f"unknown key {_kind(key)} (an entry holds fail and at_ns; 'x-' keys are kept and "
+                err(-1, f"unknown key {value_kind(key)} (an entry holds fail and at_ns; 'x-' keys are kept and "
                     "ignored)", fld=where)
         part = entry.get("fail")
         if type(part) is not str or not part:
-            got = _kind(part) if "fail" in entry else "nothing"
+            got = value_kind(part) if "fail" in entry else "nothing"
             err(-1, f"must name a part as --fail does (link:ID, l1:NODE.PLANE, l2:PLANE.CHIP or die:ID), "
                 f"got {got}", fld=f"{where}.fail")
         at = entry.get("at_ns", 0)
         if type(at) not in (int, float) or not 0 <= at < MAX_FAULT_NS:
             err(-1, f"at_ns must be a time in ns >= 0 and below 2**52 (when the part fails; 0: from the start), "
-                f"got {_kind(at)}", fld=f"{where}.at_ns")
+                f"got {value_kind(at)}", fld=f"{where}.at_ns")
 
 
 def _unstorable(name: str) -> str | None:
@@ -1059,7 +674,7 @@ def _check_attrs(ntype, raw, rank, num_ranks, i, label, pre, err):
     attrs = dict(_DEFAULT_ATTRS[ntype])
     for key, value in raw.items():
         check = checks.get(key)
-        if type(value) is int and check in _INT_CHECKS and _INT_CHECKS[check] <= value <= MAX_INT:
+        if type(value) is int and check in _INT_CHECKS and _INT_CHECKS[check] <= value <= MAX_TRACE_INT:
             attrs[key] = value  # the common case, without a call
             continue
         if check is None:
@@ -1159,7 +774,7 @@ def _check_comp_op(op, raw, attrs, i, label, pre, err) -> None:
 def _check_messages(msgs, msg_info, ids, err) -> list[tuple[int, int]]:
     """Report unmatched and inconsistent messages; return the (send, recv) index pairs, in the
     sends' file order."""
-    pairs, lone_sends, lone_recvs = _pair_messages(msgs)
+    pairs, lone_sends, lone_recvs = pair_messages(msgs)
     for _, i, src, dst, tag in lone_sends:
         err(i, f"no matching COMM_RECV on rank {dst} with comm_src {src} and comm_tag {tag}",
             ids[i], "comm_dst")

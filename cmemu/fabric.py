@@ -1,5 +1,7 @@
 """The fabric the packet engine runs on: topology + spec compiled into flat integer arrays.
 
+The topology's layer (beside cmemu.topology): the system's tables, not a lowering of the trace.
+
 Everything the engine needs to move packets lives here as numpy arrays: per link its rate,
 latency, credits per virtual lane and where its virtual output queues start; per endpoint its
 start-up, target access latencies, sink rate, outstanding limit and issue times; the packet
@@ -124,6 +126,9 @@ class Fabric:
     # packet is simulated on every link. aiv_lookahead_ps: the same for an AIV's writes.
     message_lookahead_ps: int = 0
     aiv_lookahead_ps: int = 0
+    # The message-level fabric with back-pressure ("message-bp"): receive buffers bounded at
+    # link_credit_byte, a full one blocking the link before it (Engine.buf_hold).
+    message_backpressure: bool = False
 
     def wire_bytes(self, path: int, ptype: int, payload: int) -> int:
         """Bytes a packet occupies on a link: payload + header, in whole flits."""
@@ -139,14 +144,18 @@ class Fabric:
 # event the packets whose window slots free within the next 1 us. Reads stay packets. 1 us is
 # assumed: a few hundred packet times of a die's seven ports, short beside the tens of us a MoE
 # dispatch takes. See docs/model.md, "Message-level fabric".
-FABRIC_MODELS = {"packet": 0, "message": 1_000_000}
+FABRIC_MODELS = {"packet": 0, "message": 1_000_000, "message-bp": 1_000_000}
 # The message-level fabric's look-ahead for an AIV's writes, from its instructions' issue: an AIV
 # waits for each remote write before the next (its kernel's flow), so a 1 us look-ahead would take
 # an event for every write of its chain; 5 us takes one for every few, at the cost measured on
 # the EP320 dispatch + combine against the packet model (96 tokens per die, 16 AIVs): dispatch
 # +1.6%, combine -0.1% (1 us: +0.7%, -1.1%), a third fewer events. Assumed: chosen on that
 # comparison (docs/model.md, "Message-level fabric").
-AIV_LOOKAHEAD_PS = {"packet": 0, "message": 5_000_000}
+AIV_LOOKAHEAD_PS = {"packet": 0, "message": 5_000_000, "message-bp": 5_000_000}
+# "message-bp": the message-level fabric with receive buffers bounded as the packet fabric's
+# credits bound them: where a link's receive buffer, from the packets reserved through it, has no
+# room for another packet, the link is blocked for all (docs/model.md, "Back-pressure").
+BACKPRESSURE_MODELS = ("message-bp",)
 
 
 def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packet") -> Fabric:
@@ -294,6 +303,7 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
         retransmit_timeout_ps=ns_to_ps(ub.retransmit_timeout_ns),
         message_lookahead_ps=FABRIC_MODELS[model],
         aiv_lookahead_ps=AIV_LOOKAHEAD_PS[model],
+        message_backpressure=model in BACKPRESSURE_MODELS,
     )
 
 
