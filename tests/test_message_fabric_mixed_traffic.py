@@ -392,7 +392,8 @@ def test_op_message_lists_counting_sort(seed):
     if seed % 2:
         send.sort()  # the lowering's send part comes sorted
         send[send >= 0] = np.where(kind[send[send >= 0]] == OP_KIND_SEND, send[send >= 0], -1)
-    L = SimpleNamespace(op_kind=kind, msg_send_op=send, msg_recv_op=recv, op_msg=np.full(n_ops, -1))
+    L = SimpleNamespace(op_kind=kind, msg_send_op=send, msg_recv_op=recv, op_msg=np.full(n_ops, -1),
+                        message_segments=lambda: None)  # its columns whole (Lowered.message_segments)
     ptr, idx = op_message_lists(L)
     want_ptr, want_idx = _op_message_lists_simple(kind, send, recv)
     assert np.array_equal(ptr, want_ptr)
