@@ -81,6 +81,10 @@ cdef enum:
     EV_RETRANSMIT = 8
     EV_HBM_DONE = 9  # the row (hr) of a die's HBM share that finishes first (if still so)
 
+# Ports an endpoint's writes may be held at by the horizon at once (held_writes): its UB ports,
+# its die-to-die, RDMA and VPC links; more are looked after by the ports' own wake-ups.
+cdef enum:
+    HELD_PORTS = 16
 cdef int64_t PS_PER_S = 1000000000000
 cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
 # Units of a die's HBM share clock (see hbm_change): 1/HBM_SCALE ps of capacity-time.
@@ -402,6 +406,9 @@ cdef class Engine:
     # one, as its kernel's waits allow (aiv_ready; Ini.iseq, Ini.base, Ini.wait), and keeps its
     # last AIV_RING messages' completion in a ring (ring_slot, AIV_RING per AIV).
     cdef RingSlot* ring_slot
+    cdef int32_t[::1] held_port  # per endpoint, HELD_PORTS ports holding its writes (held_writes)
+    cdef int32_t[::1] held_n
+    cdef int32_t[::1] held_count  # per endpoint, its writes held (their acks are past the look-ahead)
     cdef int64_t[::1] ep_sink_free
     cdef int64_t[::1] ep_read_free
     # Per initiator, a min-heap of the times its writes' acks come back: a window slot frees at
@@ -633,6 +640,9 @@ cdef class Engine:
         self.ep_sink_free = np.zeros(n_eps, dtype=np.int64)
         self.ep_read_free = np.zeros(n_eps, dtype=np.int64)
         self.ring_slot = <RingSlot*>calloc(max((n_ini - n_eps) * AIV_RING, 1), sizeof(RingSlot))
+        self.held_port = np.zeros(max(n_eps, 1) * HELD_PORTS, dtype=np.int32)
+        self.held_n = np.zeros(max(n_eps, 1), dtype=np.int32)
+        self.held_count = np.zeros(max(n_eps, 1), dtype=np.int32)
         self.ack_heap = <int64_t**>malloc(max(n_ini, 1) * sizeof(int64_t*))
         self.ack_cap = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
         self.ack_lo = <int64_t*>malloc(max(n_ini, 1) * sizeof(int64_t))
@@ -1725,9 +1735,54 @@ cdef class Engine:
             bits = self.voq_mask[base + w]
         return -1
 
+    cdef inline int64_t port_start(self, int32_t p, int32_t link) noexcept nogil:
+        """Message-level fabric: when write packet p, at its source, would start on its port
+        ``link`` (the first idle stretch from its issue time, or now, that holds it)."""
+        cdef int64_t t = self.pkts[p].ready
+        if t < self.now:
+            t = self.now
+        if self.pkts[p].wire != self.ser_wire or self.lk[link].rate != self.ser_rate:
+            self.ser_wire = self.pkts[p].wire
+            self.ser_rate = self.lk[link].rate
+            self.ser_ps = serialisation_ps(self.ser_wire, self.ser_rate)
+        return self.cal_find(&self.lk[link], t, self.ser_ps)
+
+    cdef int held_writes(self, int32_t link, int64_t wake) except -1:
+        """Message-level fabric, the horizon: an endpoint's write packet has its path reserved
+        once it would start on its port within the look-ahead, not when it is issued. Until then
+        it waits in the port's queue (its VOQ from the source, in issue order; its issue time
+        kept), and the link looks at it again one look-ahead before it would start. Reserved
+        when issued, a window of packets (1,024, some 20 us of a die's ports) would take, at every
+        switch output after the port, the slots before those of every die issued after it at
+        the same time, however much earlier those reach the output; held, the paths are
+        reserved in about the order the packets reach the wire, as the packet fabric sends them,
+        and each port's queue on its own, as there (a busy port holds up no other). Reserves the
+        port's held writes that start within the look-ahead; where some are left, the link wakes
+        ``wake`` ps before the next starts (-1: its endpoint's wake-up sees to it: release_held)."""
+        cdef int64_t q = self.lk[link].voq_base, start, row  # slot 0, VL 0: the source's requests
+        cdef int32_t p
+        while True:
+            p = self.voq_head[q]
+            if p < 0 or self.pkts[p].ptype != PKT_WRITE:
+                return 0  # (a read request goes as on the packet fabric: try_transmit)
+            start = self.port_start(p, link)
+            if start > self.now + self.lookahead:
+                if wake >= 0:
+                    self.wake_link(link, start - wake)
+                return 0
+            self.voq_head[q] = self.pkts[p].next
+            if self.voq_head[q] < 0:
+                self.voq_tail[q] = -1
+                self.voq_mask[self.lk[link].mask_base] &= ~(<uint64_t>1)
+            self.lk[link].queued -= 1
+            row = self.mrow(self.pkts[p].msg)
+            self.held_count[self.mt[row].ini] -= 1
+            self.path_reserve(p, link, self.pkts[p].ready if self.pkts[p].ready > self.now else self.now, row)
+
     cdef int try_transmit(self, int32_t link) except -1:
         """Start the next packet on an idle link: round robin over its non-empty VOQs whose
-        head packet fits in the receiver's credits."""
+        head packet fits in the receiver's credits. (On the message-level fabric, writes held
+        at their port by the horizon go first: held_writes.)"""
         cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1, arrive
         cdef int32_t p = -1, prev, vl, nxt, s, d
         if self.lk[link].queued == 0 or not self.lk[link].alive:
@@ -1735,6 +1790,10 @@ cdef class Engine:
         if self.lookahead == 0 and self.lk[link].busy_until > self.now:
             self.wake_link(link, self.lk[link].busy_until)
             return 0
+        if self.lookahead > 0:
+            self.held_writes(link, self.lookahead)
+            if self.lk[link].queued == 0:
+                return 0
         base = self.lk[link].voq_base
         n = self.lk[link].voq_slots * NUM_VLS
         # Round robin from rr over the non-empty VOQs (set bits of the link's mask), taking the
@@ -1749,7 +1808,9 @@ cdef class Engine:
                 break  # wrapped all the way round
             q = base + pos
             p = self.voq_head[q]
-            if self.pkts[p].ready > self.now:
+            if self.lookahead > 0 and self.pkts[p].ptype == PKT_WRITE:
+                pass  # held by the horizon (held_writes has its wake-up)
+            elif self.pkts[p].ready > self.now:
                 if wake < 0 or self.pkts[p].ready < wake:
                     wake = self.pkts[p].ready
             elif self.credits[link * NUM_VLS + self.pkts[p].vl] >= self.pkts[p].wire:
@@ -2598,6 +2659,8 @@ cdef class Engine:
         cdef int path, kind
         cdef Ini* q = &self.ini[ep]
         self.collect_acks(ep)
+        if ep < self.n_eps and self.held_n[ep] > 0:
+            self.release_held(ep)
         while q.n > 0:
             m = self.op_midx[q.buf[2 * q.head]]
             seq = q.seq
@@ -2629,8 +2692,10 @@ cdef class Engine:
                 # frees its slot when its response is back, which is not yet known). (An AIV's
                 # messages there are bounded by its kernel's waits and its ring of messages, not
                 # by the packets it reserved ahead.)
+                # (Its writes held at its ports start, so are acked, past the look-ahead.)
                 if (self.lookahead == 0 or kind != MSG_WRITE or self.ini[ep].ack_len == 0
-                        or self.ini[ep].ack_len != self.ini[ep].outstanding
+                        or self.ini[ep].ack_len + (self.held_count[ep] if ep < self.n_eps else 0)
+                        != self.ini[ep].outstanding
                         or self.ack_first(ep) > self.now + self.lookahead):
                     break
                 if self.ack_first(ep) > self.ini[ep].issue_free:
@@ -2705,6 +2770,12 @@ cdef class Engine:
                 s, d = self.mt[row].dst, self.mt[row].src
             first = self.route_link(path, s, d, self.pkts[p].plane, self.pkts[p].uplink, 0)
             if self.lookahead > 0 and kind == MSG_WRITE:
+                if ep < self.n_eps and (self.lk[first].queued > 0 or self.port_start(p, first) > self.now + self.lookahead):
+                    # The horizon: it waits in its port's queue (held_writes).
+                    self.voq_append(first, 0, p)
+                    self.held_count[ep] += 1
+                    self.hold_at(ep, first)
+                    continue
                 self.path_reserve(p, first, self.pkts[p].ready, row)
                 continue
             self.voq_append(first, 0, p)
@@ -2712,6 +2783,46 @@ cdef class Engine:
         if (q.n > 0 and self.ini[ep].ack_len > 0 and self.ini[ep].outstanding >= self.ini[ep].max_out
                 and not ((ep >= self.n_eps) and self.lookahead > 0)):
             self.wake_at(ep, self.ack_first(ep))  # the window is full: wake when a slot frees
+        if ep < self.n_eps and self.held_n[ep] > 0:
+            self.release_held(ep)
+        return 0
+
+    cdef int hold_at(self, int32_t ep, int32_t link) except -1:
+        """Endpoint ep has a write held at its port ``link`` (held_writes): the port joins its
+        list, which its wake-ups release (release_held); past HELD_PORTS, the port wakes itself."""
+        cdef int32_t k, n = self.held_n[ep]
+        for k in range(n):
+            if self.held_port[ep * HELD_PORTS + k] == link:
+                return 0
+        if n < HELD_PORTS:
+            self.held_port[ep * HELD_PORTS + n] = link
+            self.held_n[ep] = n + 1
+            return 0
+        return self.held_writes(link, self.lookahead)
+
+    cdef int release_held(self, int32_t ep) except -1:
+        """Reserve endpoint ep's held writes that start within the look-ahead, port by port (in
+        each port's order), and wake it when the first of those left starts within half of it:
+        each wake-up then reserves about half a look-ahead of every port's packets."""
+        cdef int32_t k = 0, n = self.held_n[ep], link, p
+        cdef int64_t first = INT64_MAX, start
+        while k < n:
+            link = self.held_port[ep * HELD_PORTS + k]
+            self.held_writes(link, -1)
+            p = self.voq_head[self.lk[link].voq_base]
+            if p < 0 or self.pkts[p].ptype != PKT_WRITE:
+                n -= 1  # none held there now (or a read ahead of them: the port wakes itself)
+                self.held_port[ep * HELD_PORTS + k] = self.held_port[ep * HELD_PORTS + n]
+                if p >= 0:
+                    self.held_writes(link, self.lookahead)
+                continue
+            start = self.port_start(p, link)
+            if start < first:
+                first = start
+            k += 1
+        self.held_n[ep] = n
+        if n > 0:
+            self.wake_at(ep, first)
         return 0
 
     cdef int wake_at(self, int32_t ep, int64_t t) except -1:

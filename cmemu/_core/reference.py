@@ -44,6 +44,10 @@ def serialisation_time_ps(nbytes: int, rate_byte_per_s: int) -> int:
     return -(-int(nbytes) * PS_PER_S // int(rate_byte_per_s))
 
 
+# Engine's HELD_PORTS: ports an endpoint's writes may be held at by the horizon at once.
+HELD_PORTS = 16
+
+
 class _Packet:
     __slots__ = ("ready", "msg", "payload", "wire", "link", "in_link", "hop", "seq", "leg", "ptype", "vl", "plane", "uplink",
                  "iseq")
@@ -126,6 +130,8 @@ class Engine:
         self.ep_issue = F.ep_issue_ps.tolist()
         self.ep_node = F.ep_node.tolist()
         self.ep_qhead = [-1] * n_ini
+        self.held_ports = [[] for _ in range(n_ini)]  # Engine.hold_at, release_held
+        self.held_count = [0] * n_ini
         self.ep_qtail = [-1] * n_ini
         self.ep_outstanding = [0] * n_ini
         self.ep_issue_free = [0] * n_ini
@@ -470,12 +476,39 @@ class Engine:
         return merge_link_series(self.bin_ps, np.asarray(self.series, dtype=np.int64).reshape(-1, 4))
 
     # -- link arbitration ------------------------------------------------------------------
+    def port_start(self, p, link):
+        pk = self.pkts[p]
+        return self.cal_find(link, max(pk.ready, self.now), serialisation_time_ps(pk.wire, self.link_rate[link]))
+
+    def held_writes(self, link, wake):
+        """Engine.held_writes: the writes held at their port by the horizon."""
+        q = self.voq_base[link]
+        while True:
+            p = self.voq_head[q]
+            if p < 0 or self.pkts[p].ptype != PKT_WRITE:
+                return
+            start = self.port_start(p, link)
+            if start > self.now + self.lookahead:
+                if wake >= 0:
+                    self.wake_link(link, start - wake)
+                return
+            self.voq_head[q] = self.pkt_next[p]
+            if self.voq_head[q] < 0:
+                self.voq_tail[q] = -1
+            self.queued[link] -= 1
+            self.held_count[self.msg_ini[self.pkts[p].msg]] -= 1
+            self.path_reserve(p, link, max(self.pkts[p].ready, self.now))
+
     def try_transmit(self, link):
         if self.queued[link] == 0 or not self.link_alive[link]:
             return
         if self.lookahead == 0 and self.busy_until[link] > self.now:
             self.wake_link(link, self.busy_until[link])
             return
+        if self.lookahead > 0:
+            self.held_writes(link, self.lookahead)
+            if self.queued[link] == 0:
+                return
         base = self.voq_base[link]
         n = self.voq_slots[link] * NUM_VLS
         p = -1
@@ -486,7 +519,9 @@ class Engine:
             head = self.voq_head[q]
             if head < 0:
                 continue
-            if self.pkts[head].ready > self.now:
+            if self.lookahead > 0 and self.pkts[head].ptype == PKT_WRITE:
+                pass  # held by the horizon
+            elif self.pkts[head].ready > self.now:
                 wake = self.pkts[head].ready if wake < 0 else min(wake, self.pkts[head].ready)
             elif self.credits[link * NUM_VLS + self.pkts[head].vl] >= self.pkts[head].wire:
                 p = head
@@ -850,6 +885,8 @@ class Engine:
 
     def inject(self, ep):
         self.collect_acks(ep)
+        if self.held_ports[ep]:
+            self.release_held(ep)
         while self.ep_qhead[ep] >= 0:
             m = self.ep_qhead[ep]
             kind = self.msg_kind[m]
@@ -860,8 +897,8 @@ class Engine:
                 if t < 0:
                     break
             if self.ep_outstanding[ep] >= self.ep_max_out[ep] and not (tracked and self.lookahead > 0):
-                if (self.lookahead == 0 or kind != MSG_WRITE or not h or len(h) != self.ep_outstanding[ep]
-                        or h[0] > self.now + self.lookahead):
+                if (self.lookahead == 0 or kind != MSG_WRITE or not h
+                        or len(h) + self.held_count[ep] != self.ep_outstanding[ep] or h[0] > self.now + self.lookahead):
                     break
                 self.ep_issue_free[ep] = max(self.ep_issue_free[ep], heapq.heappop(h))
                 self.ep_outstanding[ep] -= 1
@@ -909,6 +946,15 @@ class Engine:
             s, d = self.leg_ends(p)
             first = self.route_link(path, s, d, pk.plane, pk.uplink, 0)
             if self.lookahead > 0 and kind == MSG_WRITE:
+                if not tracked and (self.queued[first] > 0 or self.port_start(p, first) > self.now + self.lookahead):
+                    self.voq_append(first, 0, p)  # the horizon (Engine.held_writes)
+                    self.held_count[ep] += 1
+                    if first not in self.held_ports[ep]:
+                        if len(self.held_ports[ep]) < HELD_PORTS:
+                            self.held_ports[ep].append(first)
+                        else:
+                            self.held_writes(first, self.lookahead)
+                    continue
                 self.path_reserve(p, first, pk.ready)
                 continue
             self.voq_append(first, 0, p)
@@ -916,6 +962,29 @@ class Engine:
         if (self.ep_qhead[ep] >= 0 and self.ack_heap[ep] and self.ep_outstanding[ep] >= self.ep_max_out[ep]
                 and not (self.ini_tracked[ep] and self.lookahead > 0)):
             self.wake_at(ep, self.ack_heap[ep][0])
+        if self.held_ports[ep]:
+            self.release_held(ep)
+
+    def release_held(self, ep):
+        """Engine.release_held."""
+        ports = self.held_ports[ep]
+        first = None
+        k = 0
+        while k < len(ports):
+            link = ports[k]
+            self.held_writes(link, -1)
+            p = self.voq_head[self.voq_base[link]]
+            if p < 0 or self.pkts[p].ptype != PKT_WRITE:
+                ports[k] = ports[-1]  # (the engine's swap with the last)
+                ports.pop()
+                if p >= 0:
+                    self.held_writes(link, self.lookahead)
+                continue
+            start = self.port_start(p, link)
+            first = start if first is None else min(first, start)
+            k += 1
+        if ports:
+            self.wake_at(ep, first)
 
     def aiv_ready(self, ep, m):
         """When AIV initiator ep may issue message m's first packet, or -1 (Engine.aiv_ready)."""
