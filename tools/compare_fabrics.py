@@ -4,7 +4,7 @@ kernels' 16 AIVs on AIV-Direct, or SDMA), EP 32 and 320, uniform and skewed rout
 (N dies writing to one); and optionally the DeepSeek-R1 prefill step on mini.
 
 Run: python tools/compare_fabrics.py [--cases moe,incast,prefill] [--ep 32,320] [--set PATH=VALUE]
-[--message-model message|message-bp] (the latter: with back-pressure)
+[--message-model message|message-bp|message,message-bp] (message-bp: with back-pressure)
 
 Prints, per case, the latency of the slowest rank on each fabric (us), the difference, and the
 events of each run. Reads nothing but the presets; writes nothing.
@@ -69,12 +69,15 @@ def prefill_case(spec, model):
     return {"ttft": int(r.sim_end_ps), "events": r.events, "wall_s": time.perf_counter() - t}
 
 
-def row(name, p, m, keys):
+def row(name, p, ms, keys):
+    """One case: the packet model's figures ``p``, then each message-level model's in ``ms``."""
     cells = []
     for k in keys:
-        cells.append(f"{k} {p[k] / 1e6:,.2f} -> {m[k] / 1e6:,.2f} us ({100 * (m[k] / p[k] - 1):+.1f}%)")
-    print(f"{name:<28} " + "; ".join(cells) + f"; events {p['events'] / 1e6:.2f} M -> {m['events'] / 1e6:.3f} M"
-          f" ({p['wall_s']:.1f} s -> {m['wall_s']:.1f} s)", flush=True)
+        cells.append(f"{k} {p[k] / 1e6:,.2f} -> " + " / ".join(f"{m[k] / 1e6:,.2f}" for m in ms) + " us ("
+                     + ", ".join(f"{100 * (m[k] / p[k] - 1):+.1f}%" for m in ms) + ")")
+    print(f"{name:<28} " + "; ".join(cells) + f"; events {p['events'] / 1e6:.2f} M -> "
+          + " / ".join(f"{m['events'] / 1e6:.3f} M" for m in ms)
+          + f" ({p['wall_s']:.1f} s -> " + " / ".join(f"{m['wall_s']:.1f} s" for m in ms) + ")", flush=True)
 
 
 def main():
@@ -82,26 +85,30 @@ def main():
     ap.add_argument("--cases", default="moe,incast,prefill")
     ap.add_argument("--ep", default="32,320")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--message-model", default="message", choices=("message", "message-bp"))
+    ap.add_argument("--message-model", default="message",
+                    help="message, message-bp, or both (message,message-bp): each against the packet model")
     args = ap.parse_args()
-    models = ("packet", args.message_model)
+    models = ("packet",) + tuple(args.message_model.split(","))
+    for m in models[1:]:
+        if m not in ("message", "message-bp"):
+            ap.error(f"--message-model: {m!r} is not message or message-bp")
     cases = args.cases.split(",")
     if "moe" in cases:
         spec = load_system("cloudmatrix384", args.overrides)
         for ep in [int(x) for x in args.ep.split(",")]:
             for engine in ("aiv", "sdma"):
                 for skew in (0.0, 1.0):
-                    p, m = (moe_case(spec, ep, engine, skew, model) for model in models)
-                    row(f"EP{ep} {engine} skew {skew:g}", p, m, ("dispatch", "combine"))
+                    p, *ms = (moe_case(spec, ep, engine, skew, model) for model in models)
+                    row(f"EP{ep} {engine} skew {skew:g}", p, ms, ("dispatch", "combine"))
     if "incast" in cases:
         spec = load_system("mini", args.overrides)
         for senders in (7, 15, 31):
-            p, m = (incast_case(spec, senders, 1 << 20, model) for model in models)
-            row(f"incast {senders} dies x 1 MiB", p, m, ("incast",))
+            p, *ms = (incast_case(spec, senders, 1 << 20, model) for model in models)
+            row(f"incast {senders} dies x 1 MiB", p, ms, ("incast",))
     if "prefill" in cases:
         spec = load_system("mini", args.overrides)
-        p, m = (prefill_case(spec, model) for model in models)
-        row("prefill step, mini, 2 layers", p, m, ("ttft",))
+        p, *ms = (prefill_case(spec, model) for model in models)
+        row("prefill step, mini, 2 layers", p, ms, ("ttft",))
 
 
 if __name__ == "__main__":
