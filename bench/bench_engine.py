@@ -65,6 +65,12 @@ def test_event_kernel_hold(benchmark, hold):
     """The hold model: 10 K chains, so 10 K events stay pending; 400 K events per run."""
     benchmark.pedantic(lambda e: e.run(), setup=lambda: _engine_run(hold), rounds=5)
     native, reference, e = _best_rates(hold)
+    if native / reference < MIN_SPEEDUP_HOLD:
+        # The native kernel is the one a neighbour's load on the shared cache slows (26-28x
+        # measured here idle, 19.6x once in a CI run under such load): measure again, longer,
+        # before judging (the budget stays 20x).
+        n2, r2, e = _best_rates(hold, passes=6)
+        native, reference = max(native, n2), max(reference, r2)
     assert e.max_pending == HOLD_PENDING
     ratio = native / reference
     benchmark.extra_info.update(
