@@ -139,7 +139,8 @@ class Fabric:
 
 # The fabric models a run can use (``cmemu run --fabric``), with their look-ahead in ps.
 # "packet": every packet is simulated on every link (look-ahead 0). "message": a write packet has
-# its whole path reserved when its initiator issues it, each link's idle time at or after the
+# its whole path reserved when its initiator issues it (an endpoint's: once it would start on its
+# port within the look-ahead, Engine.held_writes), each link's idle time at or after the
 # packet is there, without events of its own; an initiator whose window is full issues in one
 # event the packets whose window slots free within the next 1 us. Reads stay packets. 1 us is
 # assumed: a few hundred packet times of a die's seven ports, short beside the tens of us a MoE
