@@ -247,11 +247,13 @@ def build_fabric(topo: Topology, failures=None, schedule=(), model: str = "packe
     msg_startup[2 * E::2] = ns_to_ps(spec.comm.aiv_remote_write_startup_ns)
     msg_startup[2 * E + 1::2] = ns_to_ps(spec.comm.aiv_remote_read_startup_ns)
     # The engine keeps these per initiator in 32 bits of ps (2.1 ms): say which parameter is past it.
-    for name, v in (("ub.write_issue_ns", issue[0]), ("ub.read_issue_ns", issue[1]),
-                    ("die.mte3_byte_per_cycle (an AIV's write issue time)", issue[-2]),
-                    ("die.aiv_mte2_byte_per_cycle (an AIV's read issue time)", issue[-1]),
-                    ("comm.aiv_remote_write_startup_ns", msg_startup[-2]),
-                    ("comm.aiv_remote_read_startup_ns", msg_startup[-1])):
+    checks = [("ub.write_issue_ns", issue[0]), ("ub.read_issue_ns", issue[1])]
+    if n_ini > E:  # the AIVs'
+        checks += [("die.mte3_byte_per_cycle (an AIV's write issue time)", issue[2 * E]),
+                   ("die.aiv_mte2_byte_per_cycle (an AIV's read issue time)", issue[2 * E + 1]),
+                   ("comm.aiv_remote_write_startup_ns", msg_startup[2 * E]),
+                   ("comm.aiv_remote_read_startup_ns", msg_startup[2 * E + 1])]
+    for name, v in checks:
         if v > 2**31 - 1:
             raise SpecError(f"{name} gives {int(v) / 1e6:,.3f} us per packet or message; cmemu holds at most "
                             f"{(2**31 - 1) / 1e6:,.3f} us there")

@@ -1747,29 +1747,32 @@ cdef class Engine:
             self.ser_ps = serialisation_ps(self.ser_wire, self.ser_rate)
         return self.cal_find(&self.lk[link], t, self.ser_ps)
 
-    cdef int held_writes(self, int32_t link, int64_t wake) except -1:
+    cdef int64_t held_writes(self, int32_t link, int64_t wake) except -2:
         """Message-level fabric, the horizon: an endpoint's write packet has its path reserved
         once it would start on its port within the look-ahead, not when it is issued. Until then
         it waits in the port's queue (its VOQ from the source, in issue order; its issue time
-        kept), and the link looks at it again one look-ahead before it would start. Reserved
+        kept), and is looked at again when it would start (release_held). Reserved
         when issued, a window of packets (1,024, some 20 us of a die's ports) would take, at every
         switch output after the port, the slots before those of every die issued after it at
         the same time, however much earlier those reach the output; held, the paths are
         reserved in about the order the packets reach the wire, as the packet fabric sends them,
         and each port's queue on its own, as there (a busy port holds up no other). Reserves the
-        port's held writes that start within the look-ahead; where some are left, the link wakes
-        ``wake`` ps before the next starts (-1: its endpoint's wake-up sees to it: release_held)."""
+        port's held writes that start within the look-ahead; returns when the next one left would
+        start (-1: none is held, or a read request is ahead of them, which try_transmit sends).
+        Where one is left, the link wakes ``wake`` ps before it starts (-1: its endpoint's wake-up
+        sees to it, release_held; the link's own wake-up is for a port past HELD_PORTS, or with a
+        read request ahead)."""
         cdef int64_t q = self.lk[link].voq_base, start, row  # slot 0, VL 0: the source's requests
         cdef int32_t p
         while True:
             p = self.voq_head[q]
             if p < 0 or self.pkts[p].ptype != PKT_WRITE:
-                return 0  # (a read request goes as on the packet fabric: try_transmit)
+                return -1  # (a read request goes as on the packet fabric: try_transmit)
             start = self.port_start(p, link)
             if start > self.now + self.lookahead:
                 if wake >= 0:
                     self.wake_link(link, start - wake)
-                return 0
+                return start
             self.voq_head[q] = self.pkts[p].next
             if self.voq_head[q] < 0:
                 self.voq_tail[q] = -1
@@ -2798,25 +2801,22 @@ cdef class Engine:
             self.held_port[ep * HELD_PORTS + n] = link
             self.held_n[ep] = n + 1
             return 0
-        return self.held_writes(link, self.lookahead)
+        self.held_writes(link, self.lookahead)
+        return 0
 
     cdef int release_held(self, int32_t ep) except -1:
         """Reserve endpoint ep's held writes that start within the look-ahead, port by port (in
-        each port's order), and wake it when the first of those left starts within half of it:
-        each wake-up then reserves about half a look-ahead of every port's packets."""
-        cdef int32_t k = 0, n = self.held_n[ep], link, p
+        each port's order), and wake it when the first of those left starts: each wake-up then
+        reserves about a look-ahead of every port's packets."""
+        cdef int32_t k = 0, n = self.held_n[ep], link
         cdef int64_t first = INT64_MAX, start
         while k < n:
             link = self.held_port[ep * HELD_PORTS + k]
-            self.held_writes(link, -1)
-            p = self.voq_head[self.lk[link].voq_base]
-            if p < 0 or self.pkts[p].ptype != PKT_WRITE:
-                n -= 1  # none held there now (or a read ahead of them: the port wakes itself)
+            start = self.held_writes(link, -1)
+            if start < 0:
+                n -= 1  # none held there now (or a read ahead of them: try_transmit's)
                 self.held_port[ep * HELD_PORTS + k] = self.held_port[ep * HELD_PORTS + n]
-                if p >= 0:
-                    self.held_writes(link, self.lookahead)
                 continue
-            start = self.port_start(p, link)
             if start < first:
                 first = start
             k += 1

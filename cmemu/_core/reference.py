@@ -486,12 +486,12 @@ class Engine:
         while True:
             p = self.voq_head[q]
             if p < 0 or self.pkts[p].ptype != PKT_WRITE:
-                return
+                return -1
             start = self.port_start(p, link)
             if start > self.now + self.lookahead:
                 if wake >= 0:
                     self.wake_link(link, start - wake)
-                return
+                return start
             self.voq_head[q] = self.pkt_next[p]
             if self.voq_head[q] < 0:
                 self.voq_tail[q] = -1
@@ -972,15 +972,11 @@ class Engine:
         k = 0
         while k < len(ports):
             link = ports[k]
-            self.held_writes(link, -1)
-            p = self.voq_head[self.voq_base[link]]
-            if p < 0 or self.pkts[p].ptype != PKT_WRITE:
+            start = self.held_writes(link, -1)
+            if start < 0:
                 ports[k] = ports[-1]  # (the engine's swap with the last)
                 ports.pop()
-                if p >= 0:
-                    self.held_writes(link, self.lookahead)
                 continue
-            start = self.port_start(p, link)
             first = start if first is None else min(first, start)
             k += 1
         if ports:
