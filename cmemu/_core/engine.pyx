@@ -473,6 +473,7 @@ cdef class Engine:
     cdef int32_t pkt_cap, pkt_free
     # Binned link counters (sparse: one row per link and bin with traffic).
     cdef int64_t bin_ps
+    cdef int64_t bin_now, bin_start  # the bin of now and its start (bin_of), kept by run
     cdef SeriesRow* series
     cdef int64_t* ring  # per link, RING open bins of (bytes, busy_ps)
     cdef int64_t series_len, series_cap
@@ -749,6 +750,8 @@ cdef class Engine:
         for i in range(n_links):
             self.lk[i].buf_limit = <uint32_t>credit[i] if self.backpressure and credit[i] < UINT32_MAX else 0
         self.bin_ps = bin_ps
+        self.bin_now = 0
+        self.bin_start = 0
         self.series_len = 0
         self.series_cap = 1024
         self.series = <SeriesRow*>malloc(self.series_cap * sizeof(SeriesRow))
@@ -1587,6 +1590,17 @@ cdef class Engine:
         self.lk[link].cur_bin = upto
         return 0
 
+    cdef inline int64_t bin_of(self, int64_t t) noexcept nogil:
+        """t's time bin, t // bin_ps (bin_ps > 0), without a division in the bin of now or the
+        next one, where most transmissions are reserved (a division per packet and hop was 5% of
+        the message-level fabric's instructions)."""
+        cdef int64_t d = t - self.bin_start
+        if 0 <= d < self.bin_ps:
+            return self.bin_now
+        if self.bin_ps <= d < 2 * self.bin_ps:
+            return self.bin_now + 1
+        return t // self.bin_ps
+
     cdef int count_transmission(self, int32_t link, int64_t start, int64_t ser, int64_t nbytes) except -1:
         """Totals, and the binned counters: the bins a link has open are the RING from cur_bin on
         (transmissions come in time order on the packet fabric, and close to it on the
@@ -1598,7 +1612,7 @@ cdef class Engine:
         if self.bin_ps <= 0:
             return 0
         while True:
-            b = t // self.bin_ps
+            b = self.bin_of(t)
             seg_end = (b + 1) * self.bin_ps
             if seg_end > end:
                 seg_end = end
@@ -2176,24 +2190,34 @@ cdef class Engine:
 
     cdef int path_reserve(self, int32_t p, int32_t link, int64_t t, int64_t row) except -1:
         """Message-level fabric: write packet p, issued at t onto its first link ``link``, has its
-        whole path reserved now, link by link, each in the link's idle time at or after the
-        packet is there (store and forward, as on the packet fabric; see cal_take); none of it is
-        an event. An initiator's packets reach its own links in issue order, as they would; a
-        later link sees them in the order their initiators issued them, and those issued first
-        keep their slots, but a packet may use any idle time before them. At the destination
-        a CPU's sink takes it likewise (at its rate, from a calendar of its own); it is in memory
-        one write latency later (write_absorbed). ``row``: its message's table row."""
-        cdef int32_t m = self.pkts[p].msg
+        whole path reserved now (path_hops) and is absorbed at its destination (write_absorbed);
+        none of it is an event. ``row``: its message's table row."""
+        cdef int64_t ack
+        t = self.path_hops(self.pkts[p].msg, self.pkts[p].seq, row, link, t, self.pkts[p].wire,
+                           self.pkts[p].payload, self.pkts[p].plane, self.pkts[p].uplink, &ack)
+        return self.write_absorbed(p, t, ack, row)
+
+    cdef inline int64_t path_hops(self, int32_t m, int32_t seq, int64_t row, int32_t link, int64_t t, int64_t wire,
+                                  int64_t payload, int plane, int uplink, int64_t* ack_out) except -1:
+        """Message-level fabric: packet ``seq`` of write message m (table row ``row``; ``wire``
+        bytes on the wire, ``payload`` of them data, on sub-plane ``plane`` and L1 uplink
+        ``uplink``), issued at t onto its first link ``link``, has its whole path reserved, link
+        by link, each in the link's idle time at or after the packet is there (store and forward,
+        as on the packet fabric; see cal_take). An initiator's packets reach its own links in
+        issue order, as they would; a later link sees them in the order their initiators issued
+        them, and those issued first keep their slots, but a packet may use any idle time before
+        them. At the destination a CPU's sink takes it likewise (at its rate, from a calendar of
+        its own). Returns when it is in memory, one write latency later; *ack_out: its ack's
+        trip back, ps, where the path's links give it (-1: ack_trip's)."""
         cdef int32_t s = self.mt[row].src, d = self.mt[row].dst
         cdef int32_t links[8]
         cdef int hop = 0, n = 0, path = self.mt[row].path
-        cdef int64_t wire = self.pkts[p].wire, ser = 0, rate = 0, b = 0, ack = -1, held = 0
+        cdef int64_t ser = 0, rate = 0, b = 0, ack = -1, held = 0
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
         # ends, and the open counter bin of its issue time) together rather than one hop after
         # another; what a hop reads is then mostly in cache.
         cdef int32_t ns, nd
-        cdef int plane = self.pkts[p].plane, uplink = self.pkts[p].uplink
         if path == PATH_UB:  # route_link's UB path, its links worked out together
             links[0] = link
             ns, nd = self.ep_node[s], self.ep_node[d]
@@ -2222,7 +2246,7 @@ cdef class Engine:
             for hop in range(n):
                 cm_prefetch(<char*>&self.lk[links[hop]] + 64)
         if self.bin_ps > 0:
-            b = 2 * ((t // self.bin_ps) % RING)
+            b = 2 * (self.bin_of(t) & (RING - 1))  # (bin_of >= 0: % RING)
         for hop in range(n):
             L = &self.lk[links[hop]]
             if L.cal_n > 0:
@@ -2248,7 +2272,7 @@ cdef class Engine:
                 self.buf_hold(links[hop - 1], held, t - ser, wire)
             held = t - ser
             if self.record_packets:
-                self.record(m, self.pkts[p].seq, link, t - ser, t, wire, PKT_WRITE)
+                self.record(m, seq, link, t - ser, t, wire, PKT_WRITE)
             t += self.lk[link].lat
             if ack >= 0:  # link_ack_of, from the link's line (its rate and latency) in hand
                 if rate != self.ack_rate or path != self.ack_path:
@@ -2259,9 +2283,10 @@ cdef class Engine:
         self.packets_sent += n
         rate = self.ep_sink_rate[d]
         if rate > 0:  # the sink takes it in its idle time too
-            ser = serialisation_ps(self.pkts[p].payload, rate)
+            ser = serialisation_ps(payload, rate)
             t = self.cal_reserve(&self.sk[d], t, ser) + ser
-        return self.write_absorbed(p, t + self.ep_write_lat[d], ack, row)
+        ack_out[0] = ack
+        return t + self.ep_write_lat[d]
 
     cdef int write_absorbed(self, int32_t p, int64_t t, int64_t ack=-1, int64_t row=-1) except -1:
         """Write packet p is in its destination's memory at t. The message is delivered with its
@@ -2300,6 +2325,90 @@ cdef class Engine:
         self.msg_left[m] -= 1
         if self.msg_left[m] == 0:
             self.acked_op(r)
+        return 0
+
+    cdef int aiv_write(self, int32_t ep, int32_t m, int64_t row) except -1:
+        """Message-level fabric: AIV initiator ep issues all the packets of its write message m
+        (table row ``row``) now, as inject would one after the other (its issue times, its
+        paths, each reserved whole: path_hops), and takes the message off its queue. Nothing
+        stops an AIV between the packets of a message there (its waits are before a message:
+        aiv_ready; it keeps no window), and what write_absorbed does for each packet ends in
+        nothing before the last, so the message is absorbed once (message_absorbed): no packet
+        is made (the inject loop, the packet and write_absorbed per packet were a quarter of the
+        decode step's instructions)."""
+        cdef Ini* q = &self.ini[ep]
+        cdef int path = self.mt[row].path, plane, uplink
+        cdef int32_t s = self.mt[row].src, d = self.mt[row].dst, first, iseq = q.iseq - 1
+        cdef int64_t mtu = self.path_mtu[path], nbytes = self.mt[row].nbytes, seq, payload, wire, idx
+        cdef int64_t start = self.ops[self.mt[row].send + q.shift].start + q.startup, t, ack
+        cdef int64_t last = -1, acked = -1
+        for seq in range(q.npk):
+            payload = nbytes - seq * mtu
+            if payload > mtu:
+                payload = mtu
+            wire = q.wire if payload == q.wpay else self.wire_bytes(path, PKT_WRITE, payload)
+            if not self.links_down:  # (inject's choose_path, in line)
+                plane = q.plane
+                uplink = q.uplink
+                if self.lb == LB_SPRAY:
+                    q.plane += 1
+                    if q.plane == self.P:
+                        q.plane = 0
+                        q.uplink += 1
+                        if q.uplink == self.U:
+                            q.uplink = 0
+            else:
+                idx = self.choose_path(m, seq, -1, row)
+                plane = <int>(idx % self.P)
+                uplink = <int>(idx // self.P)
+            # One issue time after the previous packet, not before its message's start.
+            if q.issue_free < self.now:
+                q.issue_free = self.now
+            if q.issue_free < start:
+                q.issue_free = start
+            t = q.issue_free
+            q.issue_free += q.issue[MSG_WRITE]
+            first = self.route_link(path, s, d, plane, uplink, 0)
+            t = self.path_hops(m, <int32_t>seq, row, first, t, wire, payload, plane, uplink, &ack)
+            if t > last:
+                last = t
+            t += ack if ack >= 0 else self.ack_trip(m, plane, uplink)
+            if t > acked:
+                acked = t
+        q.seq = 0  # on to the next message
+        q.buf[2 * q.head] += 1
+        if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
+            q.head = (q.head + 1) & (q.cap - 1)
+            q.n -= 1
+        return self.message_absorbed(m, row, ep, iseq, q.npk, last, acked)
+
+    cdef int message_absorbed(self, int32_t m, int64_t row, int32_t ep, int32_t iseq, int32_t npk, int64_t t,
+                              int64_t acked) except -1:
+        """AIV ep's write message m (table row ``row``, its message number iseq), all npk of its
+        packets reserved at once (aiv_write): in its destination's memory at t (its last packet)
+        and acknowledged at ``acked`` (its last ack). What write_absorbed does packet by packet,
+        for them together, in the same order: the message delivered, the AIV's ring slot
+        complete (waking it if it waits for it), the send op's last ack."""
+        cdef int32_t r = self.mt[row].recv, op = self.mt[row].send, shift = self.segs[self.mseg[m]].shift
+        cdef int64_t e = self.ring_base(ep) + iseq % AIV_RING
+        if r >= 0:
+            r += shift
+        if m < self.n_record and t > self.msg_delivered[m]:
+            self.msg_delivered[m] = t
+        if r >= 0 and t > self.ops[r].tmax and self.ops[r].kind == OP_KIND_RECV:
+            self.ops[r].tmax = t
+        self.deliver(m, t)
+        if acked > self.ring_slot[e].t:  # aiv_done, for its packets together
+            self.ring_slot[e].t = acked
+        self.ring_slot[e].left -= npk
+        if self.ring_slot[e].left == 0 and self.ini[ep].wait == iseq:
+            self.ini[ep].wait = -1
+            self.wake_at(ep, self.ring_slot[e].t if self.ring_slot[e].t > self.now else self.now)
+        if op >= 0:
+            op += shift
+        self.ack_back_op(op, acked)
+        self.msg_left[m] -= npk
+        self.acked_op(op)
         return 0
 
     cdef inline int64_t cal_gap(self, LinkInfo* L, int64_t n, int64_t* t, int64_t need) noexcept nogil:
@@ -2343,16 +2452,15 @@ cdef class Engine:
         self.cal_gap(L, L.cal_n, &t, need)
         return t
 
-    cdef int64_t cal_reserve(self, LinkInfo* L, int64_t t, int64_t need) except -1:
+    cdef inline int64_t cal_reserve(self, LinkInfo* L, int64_t t, int64_t need) except -1:
         """Reserve ``need`` ps of L's time (a link's, or a sink's) for a packet that is there at
         t: the first idle stretch at or after t long enough to hold it (a packet goes out
         whole). Stretches between the intervals reserved before may be used, so the link is not
         left idle while a packet that has arrived waits behind one reserved earlier for a later
-        time. Returns when it starts. Intervals that ended by now are of no more use (every
-        packet comes at now or later): they are dropped when the calendar is full."""
+        time. Returns when it starts. (In line: its calls' entry and exit were a fifth of its
+        instructions; a full calendar goes to cal_room.)"""
         cdef int64_t* c = L.cal
-        cdef int64_t n = L.cal_n, i, k, hi, mid
-        cdef int64_t* grown
+        cdef int64_t n = L.cal_n, i
         i = self.cal_gap(L, n, &t, need)
         # [t, t + need) goes in before interval i, joining its neighbours where it touches them.
         if i > 0 and c[2 * i - 1] == t:
@@ -2365,26 +2473,9 @@ cdef class Engine:
             c[2 * i] = t
         else:
             if n * 2 + 2 > L.cal_cap:
-                k = 0  # the first interval that ends after now (they all end after t if i < n)
-                hi = i
-                while k < hi:
-                    mid = (k + hi) >> 1
-                    if c[2 * mid + 1] > self.now:
-                        hi = mid
-                    else:
-                        k = mid + 1
-                if k > 0:
-                    memmove(c, c + 2 * k, (n - k) * 2 * sizeof(int64_t))
-                    n -= k
-                    i -= k
-                if n * 2 + 2 > L.cal_cap or 4 * n < L.cal_cap and L.cal_cap > 64:
-                    # Grow; or shrink, once most of it had ended (a link busy only for a while).
-                    L.cal_cap = 16 if L.cal_cap == 0 else (2 * L.cal_cap if n * 2 + 2 > L.cal_cap else L.cal_cap // 2)
-                    grown = <int64_t*>realloc(c, L.cal_cap * sizeof(int64_t))
-                    if grown == NULL:
-                        raise MemoryError("link calendar")
-                    c = grown
-                    L.cal = c
+                i = self.cal_room(L, i)
+                c = L.cal
+                n = L.cal_n
             if i < n:  # (most go after the last: nothing to move)
                 memmove(c + 2 * i + 2, c + 2 * i, (n - i) * 2 * sizeof(int64_t))
             c[2 * i] = t
@@ -2392,6 +2483,35 @@ cdef class Engine:
             n += 1
         L.cal_n = <int32_t>n
         return t
+
+    cdef int64_t cal_room(self, LinkInfo* L, int64_t i) except -1:
+        """Room in L's full calendar for one more interval, to go in before interval i: intervals
+        that ended by now are of no more use (every packet comes at now or later), so they are
+        dropped; if that is not enough it grows (or it shrinks, once most of it had ended: a link
+        busy only for a while). Returns where interval i is now."""
+        cdef int64_t* c = L.cal
+        cdef int64_t n = L.cal_n, k, hi, mid
+        cdef int64_t* grown
+        k = 0  # the first interval that ends after now (they all end after t if i < n)
+        hi = i
+        while k < hi:
+            mid = (k + hi) >> 1
+            if c[2 * mid + 1] > self.now:
+                hi = mid
+            else:
+                k = mid + 1
+        if k > 0:
+            memmove(c, c + 2 * k, (n - k) * 2 * sizeof(int64_t))
+            n -= k
+            i -= k
+        if n * 2 + 2 > L.cal_cap or 4 * n < L.cal_cap and L.cal_cap > 64:
+            L.cal_cap = 16 if L.cal_cap == 0 else (2 * L.cal_cap if n * 2 + 2 > L.cal_cap else L.cal_cap // 2)
+            grown = <int64_t*>realloc(c, L.cal_cap * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError("link calendar")
+            L.cal = grown
+        L.cal_n = <int32_t>n
+        return i
 
     cdef int buf_hold(self, int32_t link, int64_t a, int64_t b, int64_t w) except -1:
         """Back-pressure on the message-level fabric: a packet of ``w`` wire bytes is in link's
@@ -2519,7 +2639,7 @@ cdef class Engine:
         L.cal_n = <int32_t>n
         return 0
 
-    cdef int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
+    cdef inline int64_t cal_take(self, int32_t link, int64_t t, int64_t need, int64_t nbytes) except -1:
         """cal_reserve on a link, whose counters get the packet's bytes and busy time; returns
         when its tail has left."""
         cdef LinkInfo* L = &self.lk[link]
@@ -2527,7 +2647,7 @@ cdef class Engine:
         cdef int64_t* r
         t = self.cal_reserve(L, t, need)
         # count_transmission's common case in line: the packet within one open bin.
-        b = t // self.bin_ps if self.bin_ps > 0 else -1
+        b = self.bin_of(t) if self.bin_ps > 0 else -1
         if b >= 0 and L.cur_bin >= 0 and L.cur_bin <= b < L.cur_bin + RING and t + need <= (b + 1) * self.bin_ps:
             L.bytes += nbytes
             L.busy += need
@@ -2707,6 +2827,9 @@ cdef class Engine:
             if (ep >= self.n_eps):
                 if seq == 0:
                     t = self.ini_start_issue(ep, row, t, kind)
+                    if self.lookahead > 0 and kind == MSG_WRITE:
+                        self.aiv_write(ep, m, row)  # its packets all at once
+                        continue
                 elif self.lookahead == 0 and self.ini[ep].issue_free > self.now:
                     # On the packet fabric a core's packet joins its port's queue when it is
                     # issued, not before: there it would hold up the other cores' packets.
@@ -3011,6 +3134,9 @@ cdef class Engine:
         while self.queued_events() > 0 and budget != 0 and (max_series_rows < 0 or self.series_len <= max_series_rows):
             ev = self.next_event()
             self.now = ev.time
+            if self.bin_ps > 0 and self.now - self.bin_start >= self.bin_ps:
+                self.bin_now = self.now // self.bin_ps
+                self.bin_start = self.bin_now * self.bin_ps
             self.events += 1
             self.kind_count[ev.kind & 15] += 1
             if budget > 0:
