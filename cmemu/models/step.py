@@ -101,6 +101,13 @@ def _gqa_heads_per_die(model: ModelDescription, tp: int) -> tuple[int, int]:
     return q, max(1, model.kv_heads // tp)
 
 
+def _comp(stream, name, op, cores, **shape) -> tuple:
+    """A COMP op as ``_Doc.chain`` adds it on any die: (stream, name, type, attrs); ``cores``
+    None leaves cmemu.cores out (all the die's)."""
+    head = {"cmemu.op": op} if cores is None else {"cmemu.op": op, "cmemu.cores": cores}
+    return stream, name, "COMP", {**head, **{f"cmemu.{k}": v for k, v in shape.items()}}
+
+
 class _Doc:
     """The node list of a trace and its helpers."""
 
@@ -116,9 +123,22 @@ class _Doc:
         return node["id"]
 
     def comp(self, rank, stream, name, op, cores, deps=(), **shape):
-        """A COMP op; ``cores`` None leaves cmemu.cores out (all the die's)."""
-        head = {"cmemu.op": op} if cores is None else {"cmemu.op": op, "cmemu.cores": cores}
-        return self.add(rank, stream, name, "COMP", {**head, **{f"cmemu.{k}": v for k, v in shape.items()}}, deps)
+        """A COMP op (``_comp``)."""
+        return self.add(rank, *_comp(stream, name, op, cores, **shape), deps)
+
+    def chain(self, rank, ops, prev) -> int:
+        """The ops ``ops`` (``_comp``'s) on ``rank``, each depending on the one before and the first
+        on ``prev`` (None: on nothing): the last one's id. A step's dies run the same ops, made
+        once and shared by all their nodes (a decode step's 600,000 COMP nodes have 2,000
+        distinct shapes; made per node, they took half its generation)."""
+        nodes = self.nodes
+        for stream, name, ntype, attrs in ops:
+            node = {"id": len(nodes), "name": name, "type": ntype, "rank": rank, "stream": stream, "attrs": attrs}
+            if prev is not None:
+                node["data_deps"] = [prev]
+            nodes.append(node)
+            prev = node["id"]
+        return prev
 
 
 # --- decode --------------------------------------------------------------------------------------
@@ -221,66 +241,69 @@ class DecodeDeployment:
         return 1.0 + (self.mtp_acceptance if self.mtp else 0.0)
 
 
-def _decode_attention(doc: _Doc, model: ModelDescription, d: DecodeDeployment, r, tag, t, prev, wdt):
-    """Stream 0 of one layer and micro-batch on die ``r`` (``t`` tokens: its attention-TP
-    group's; the die's share of the heads): its last node, the output projection's partial sum
-    when ``attn_tp`` > 1."""
+def _decode_attention(model: ModelDescription, d: DecodeDeployment, tag, t, wdt) -> list:
+    """Stream 0 of one layer and micro-batch on a die (``t`` tokens: its attention-TP group's;
+    the die's share of the heads): its ops in order (``_Doc.chain``), the last the output
+    projection (its partial sum when ``attn_tp`` > 1)."""
     aic, aiv = d.attn_aic, 2 * d.attn_aic
-    comp = doc.comp
-    a = comp(r, 0, f"{tag}.rmsnorm_in", "rmsnorm", aiv, [prev], rows=t, cols=model.hidden_values)
+    ops = []
+
+    def comp(name, op, cores, **shape):
+        ops.append(_comp(0, f"{tag}.{name}", op, cores, **shape))
+
+    comp("rmsnorm_in", "rmsnorm", aiv, rows=t, cols=model.hidden_values)
     H = model.query_heads // d.attn_tp
     if model.attention == "mla":
         qk = model.qk_nope_values + model.qk_rope_values
         if model.q_lora_values:
-            a = comp(r, 0, f"{tag}.q_down", "gemm", aic, [a], m=t, n=model.q_lora_values, k=model.hidden_values,
-                     dtype=wdt)
-            a = comp(r, 0, f"{tag}.q_up", "gemm", aic, [a], m=t, n=H * qk, k=model.q_lora_values, dtype=wdt)
+            comp("q_down", "gemm", aic, m=t, n=model.q_lora_values, k=model.hidden_values, dtype=wdt)
+            comp("q_up", "gemm", aic, m=t, n=H * qk, k=model.q_lora_values, dtype=wdt)
         else:
-            a = comp(r, 0, f"{tag}.q_proj", "gemm", aic, [a], m=t, n=H * qk, k=model.hidden_values, dtype=wdt)
-        a = comp(r, 0, f"{tag}.kv_down", "gemm", aic, [a], m=t, n=model.kv_lora_values + model.qk_rope_values,
-                 k=model.hidden_values, dtype=wdt)
-        a = comp(r, 0, f"{tag}.rmsnorm_kv", "rmsnorm", aiv, [a], rows=t, cols=model.kv_lora_values)
-        a = comp(r, 0, f"{tag}.rope", "rope", aiv, [a], rows=t * (H + 1), cols=model.qk_rope_values)
-        a = comp(r, 0, f"{tag}.absorb_uk", "grouped_gemm", aic, [a], m=t, n=model.kv_lora_values,
-                 k=model.qk_nope_values, groups=H, dtype="bf16")
+            comp("q_proj", "gemm", aic, m=t, n=H * qk, k=model.hidden_values, dtype=wdt)
+        comp("kv_down", "gemm", aic, m=t, n=model.kv_lora_values + model.qk_rope_values, k=model.hidden_values,
+             dtype=wdt)
+        comp("rmsnorm_kv", "rmsnorm", aiv, rows=t, cols=model.kv_lora_values)
+        comp("rope", "rope", aiv, rows=t * (H + 1), cols=model.qk_rope_values)
+        comp("absorb_uk", "grouped_gemm", aic, m=t, n=model.kv_lora_values, k=model.qk_nope_values, groups=H,
+             dtype="bf16")
         # With MTP a request's two query tokens share its KV reads (queries_per_request 2).
         # An odd micro-batch has a request whose other token is in the other micro-batch:
         # counted as a whole request here (its KV is read in both, as it would be; its
         # cube work one query too many).
         mtp = {"queries_per_request": 2} if d.mtp else {}
-        a = comp(r, 0, f"{tag}.attention", "mla_attention", aic, [a], tokens=t + t % 2 if d.mtp else t,
-                 kv_len=d.kv_len, heads=H, **mtp)
-        a = comp(r, 0, f"{tag}.absorb_uv", "grouped_gemm", aic, [a], m=t, n=model.v_head_values,
-                 k=model.kv_lora_values, groups=H, dtype="bf16")
-        return comp(r, 0, f"{tag}.o_proj", "gemm", aic, [a], m=t, n=model.hidden_values,
-                    k=H * model.v_head_values, dtype=wdt)
+        comp("attention", "mla_attention", aic, tokens=t + t % 2 if d.mtp else t, kv_len=d.kv_len, heads=H, **mtp)
+        comp("absorb_uv", "grouped_gemm", aic, m=t, n=model.v_head_values, k=model.kv_lora_values, groups=H,
+             dtype="bf16")
+        comp("o_proj", "gemm", aic, m=t, n=model.hidden_values, k=H * model.v_head_values, dtype=wdt)
+        return ops
     hd, kv = model.head_values, _gqa_heads_per_die(model, d.attn_tp)[1]
-    a = comp(r, 0, f"{tag}.qkv_proj", "gemm", aic, [a], m=t, n=(H + 2 * kv) * hd, k=model.hidden_values, dtype=wdt)
+    comp("qkv_proj", "gemm", aic, m=t, n=(H + 2 * kv) * hd, k=model.hidden_values, dtype=wdt)
     if model.qk_norm:
-        a = comp(r, 0, f"{tag}.rmsnorm_qk", "rmsnorm", aiv, [a], rows=t * (H + kv), cols=hd)
-    a = comp(r, 0, f"{tag}.rope", "rope", aiv, [a], rows=t * (H + kv), cols=hd)
+        comp("rmsnorm_qk", "rmsnorm", aiv, rows=t * (H + kv), cols=hd)
+    comp("rope", "rope", aiv, rows=t * (H + kv), cols=hd)
     mtp = {"queries_per_request": 2} if d.mtp else {}
-    a = comp(r, 0, f"{tag}.attention", "gqa_attention", aic, [a], tokens=t + t % 2 if d.mtp else t, kv_len=d.kv_len,
-             heads=H, kv_heads=kv, head_dim=hd, **mtp)
-    return comp(r, 0, f"{tag}.o_proj", "gemm", aic, [a], m=t, n=model.hidden_values, k=H * hd, dtype=wdt)
+    comp("attention", "gqa_attention", aic, tokens=t + t % 2 if d.mtp else t, kv_len=d.kv_len, heads=H, kv_heads=kv,
+         head_dim=hd, **mtp)
+    comp("o_proj", "gemm", aic, m=t, n=model.hidden_values, k=H * hd, dtype=wdt)
+    return ops
 
 
-def _ffn(doc: _Doc, r, stream, tag, ffn, hidden, t, prev, aic, aiv, wdt, prefix=""):
-    """A dense SwiGLU FFN of ``ffn`` intermediate values on ``t`` tokens: its last node."""
-    f = doc.comp(r, stream, f"{tag}.{prefix}ffn_up", "gemm", aic, [prev], m=t, n=2 * ffn, k=hidden, dtype=wdt)
-    f = doc.comp(r, stream, f"{tag}.{prefix}swiglu", "swiglu", aiv, [f], rows=t, cols=ffn)
-    return doc.comp(r, stream, f"{tag}.{prefix}ffn_down", "gemm", aic, [f], m=t, n=hidden, k=ffn, dtype=wdt)
+def _ffn(stream, tag, ffn, hidden, t, aic, aiv, wdt, prefix="") -> list:
+    """A dense SwiGLU FFN of ``ffn`` intermediate values on ``t`` tokens: its ops (``_Doc.chain``)."""
+    return [_comp(stream, f"{tag}.{prefix}ffn_up", "gemm", aic, m=t, n=2 * ffn, k=hidden, dtype=wdt),
+            _comp(stream, f"{tag}.{prefix}swiglu", "swiglu", aiv, rows=t, cols=ffn),
+            _comp(stream, f"{tag}.{prefix}ffn_down", "gemm", aic, m=t, n=hidden, k=ffn, dtype=wdt)]
 
 
-def _expert_mlp(doc: _Doc, model, r, stream, tag, received, epd, dep, aic, aiv, wdt):
-    """The die's expert GEMMs on the ``received`` token-expert pairs, over its ``epd`` slots."""
+def _expert_mlp(model, stream, tag, received, epd, aic, aiv, wdt) -> list:
+    """A die's expert GEMMs on the ``received`` token-expert pairs, over its ``epd`` slots: its
+    ops (``_Doc.chain``)."""
     m = max(1, -(-received // epd))
-    e = doc.comp(r, stream, f"{tag}.expert_up", "grouped_gemm", aic, [dep], m=m, n=2 * model.expert_ffn_values,
-                 k=model.hidden_values, groups=epd, dtype=wdt)
-    e = doc.comp(r, stream, f"{tag}.expert_swiglu", "swiglu", aiv, [e], rows=max(1, received),
-                 cols=model.expert_ffn_values)
-    return doc.comp(r, stream, f"{tag}.expert_down", "grouped_gemm", aic, [e], m=m, n=model.hidden_values,
-                    k=model.expert_ffn_values, groups=epd, dtype=wdt)
+    return [_comp(stream, f"{tag}.expert_up", "grouped_gemm", aic, m=m, n=2 * model.expert_ffn_values,
+                  k=model.hidden_values, groups=epd, dtype=wdt),
+            _comp(stream, f"{tag}.expert_swiglu", "swiglu", aiv, rows=max(1, received), cols=model.expert_ffn_values),
+            _comp(stream, f"{tag}.expert_down", "grouped_gemm", aic, m=m, n=model.hidden_values,
+                  k=model.expert_ffn_values, groups=epd, dtype=wdt)]
 
 
 @gc_paused()  # a document of dicts, no cycle: the collector would rescan it as it grows
@@ -295,7 +318,7 @@ def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies:
     ranks = list(range(d.ep))
     wdt = d.weight_dtype
     doc = _Doc()
-    add, comp = doc.add, doc.comp
+    add, comp, chain = doc.add, doc.comp, doc.chain
     tokens = d.tokens_per_die
     mb_tokens = [tokens // d.micro_batches + (1 if i < tokens % d.micro_batches else 0)
                  for i in range(d.micro_batches)]
@@ -327,40 +350,42 @@ def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies:
         dense = layer < dense_layers or not model.moe
         tag = f"L{layer}" if layer < d.layers else "MTP"
         for mb, t in enumerate(mb_tokens):
+            at = f"{tag}.mb{mb}"
+            # The micro-batch's ops, the same on every die (but its expert MLP's), made once.
+            attention = _decode_attention(model, d, at, t * tp, wdt)
+            # Stream 1: FFN (dense) or MoE.
+            ffn = [_comp(1, f"{at}.rmsnorm_ffn", "rmsnorm", moe_aiv, rows=t * tp if dense else t, cols=H)]
+            if dense:
+                ffn += _ffn(1, at, model.dense_ffn_values // tp, H, t * tp, moe_aic, moe_aiv, wdt)
+            else:
+                ffn.append(_comp(1, f"{at}.gate", "gemm", moe_aic, m=t, n=model.routed_experts, k=H, dtype="bf16"))
+                if model.shared_experts and d.shared_expert == "local":
+                    ffn += _ffn(1, at, model.shared_ffn_values, H, t, moe_aic, moe_aiv, wdt, prefix="shared_")
             for r in ranks:
-                a = _decode_attention(doc, model, d, r, f"{tag}.mb{mb}", t * tp, last.get((r, mb)), wdt)
+                a = chain(r, attention, last.get((r, mb)))
                 if tp > 1:
-                    a = reduce(r, 0, f"{tag}.mb{mb}.attn_reduce", t * tp, a)
-                # Stream 1: FFN (dense) or MoE.
-                f = comp(r, 1, f"{tag}.mb{mb}.rmsnorm_ffn", "rmsnorm", moe_aiv, [a], rows=t * tp if dense else t,
-                         cols=H)
-                if dense:
-                    f = _ffn(doc, r, 1, f"{tag}.mb{mb}", model.dense_ffn_values // tp, H, t * tp, f, moe_aic, moe_aiv,
-                             wdt)
-                    last[(r, mb)] = reduce(r, 1, f"{tag}.mb{mb}.ffn_reduce", t * tp, f) if tp > 1 else f
-                else:
-                    g = comp(r, 1, f"{tag}.mb{mb}.gate", "gemm", moe_aic, [f], m=t, n=model.routed_experts, k=H,
-                             dtype="bf16")
-                    if model.shared_experts and d.shared_expert == "local":
-                        g = _ffn(doc, r, 1, f"{tag}.mb{mb}", model.shared_ffn_values, H, t, g, moe_aic, moe_aiv, wdt,
-                                 prefix="shared_")
-                    last[(r, mb)] = g
+                    a = reduce(r, 0, f"{at}.attn_reduce", t * tp, a)
+                f = chain(r, ffn, a)
+                last[(r, mb)] = reduce(r, 1, f"{at}.ffn_reduce", t * tp, f) if dense and tp > 1 else f
             if dense:
                 continue
             moe = {"cmemu.group": "ep", "cmemu.tokens": t, "cmemu.top_k": top_k, "cmemu.hidden": H,
                    "cmemu.experts": slots, "cmemu.skew": d.skew, "cmemu.seed": d.seed + mb, "cmemu.cores": moe_aiv}
-            disp = {r: add(r, 1, f"{tag}.mb{mb}.dispatch", "COMM_COLL",
-                           {"comm_type": "MOE_DISPATCH", "cmemu.engine": d.dispatch_engine, **moe},
-                           [last[(r, mb)]]) for r in ranks}
-            mlp = {r: _expert_mlp(doc, model, r, 1, f"{tag}.mb{mb}", received[mb][r], d.experts_per_die, disp[r],
-                                  moe_aic, moe_aiv, wdt) for r in ranks}
+            dispatch = {"comm_type": "MOE_DISPATCH", "cmemu.engine": d.dispatch_engine, **moe}
+            disp = {r: add(r, 1, f"{at}.dispatch", "COMM_COLL", dispatch, [last[(r, mb)]]) for r in ranks}
+            experts = {}  # tokens a die received -> its expert MLP's ops
             for r in ranks:
-                last[(r, mb)] = add(r, 1, f"{tag}.mb{mb}.combine", "COMM_COLL",
-                                    {"comm_type": "MOE_COMBINE", "cmemu.engine": d.dispatch_engine, **moe},
-                                    [mlp[r]])
+                n = received[mb][r]
+                ops = experts.get(n)
+                if ops is None:
+                    ops = experts[n] = _expert_mlp(model, 1, at, n, d.experts_per_die, moe_aic, moe_aiv, wdt)
+                last[(r, mb)] = chain(r, ops, disp[r])
+            combine = {"comm_type": "MOE_COMBINE", "cmemu.engine": d.dispatch_engine, **moe}
+            for r in ranks:
+                last[(r, mb)] = add(r, 1, f"{at}.combine", "COMM_COLL", combine, [last[(r, mb)]])
             if tp > 1:
                 for r in ranks:
-                    last[(r, mb)] = add(r, 1, f"{tag}.mb{mb}.moe_gather", "COMM_COLL",
+                    last[(r, mb)] = add(r, 1, f"{at}.moe_gather", "COMM_COLL",
                                         {"comm_type": "ALL_GATHER", "cmemu.group": grp[r], "comm_size": t * H * 2},
                                         [last[(r, mb)]])
     # Sampling: the LM head and a softmax over the vocabulary, per micro-batch. Replicated
@@ -377,17 +402,20 @@ def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies:
     if d.attn_tp > 1:
         groups.update({f"tp{g}": ranks[g * d.attn_tp:(g + 1) * d.attn_tp] for g in range(d.ep // d.attn_tp)})
     for mb, t in enumerate(mb_tokens):
+        head = [_comp(0, f"sample.mb{mb}.lm_head", "gemm", aic, m=t, n=V, k=H, dtype=wdt) if tp == 1 else
+                _comp(0, f"sample.mb{mb}.lm_head", "gemm", aic, m=t * tp, n=shard, k=H, dtype=wdt)]
+        softmax = [_comp(0, f"sample.mb{mb}.softmax", "softmax", aiv, rows=t, cols=V)]
         for r in ranks:
             if tp == 1:
-                s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", aic, [last[(r, mb)]], m=t, n=V, k=H, dtype=wdt)
+                s = chain(r, head, last[(r, mb)])
             else:
                 grp = f"lm{r // tp}"
                 g = add(r, 0, f"sample.mb{mb}.lm_gather", "COMM_COLL",
                         {"comm_type": "ALL_GATHER", "cmemu.group": grp, "comm_size": t * H * 2}, [last[(r, mb)]])
-                s = comp(r, 0, f"sample.mb{mb}.lm_head", "gemm", aic, [g], m=t * tp, n=shard, k=H, dtype=wdt)
+                s = chain(r, head, g)
                 s = add(r, 0, f"sample.mb{mb}.lm_scatter", "COMM_COLL",
                         {"comm_type": "ALL_TO_ALL", "cmemu.group": grp, "comm_size": t * shard * 2}, [s])
-            comp(r, 0, f"sample.mb{mb}.softmax", "softmax", aiv, [s], rows=t, cols=V)
+            chain(r, softmax, s)
     return {
         "schema": "cmemu.trace", "version": 1, "time_unit": "ns", "system": system,
         "description": description or (
@@ -541,7 +569,7 @@ def prefill_step(model: ModelDescription, d: PrefillDeployment, system: str, die
     G = d.attn_tp
     wdt = d.weight_dtype
     doc = _Doc()
-    add, comp = doc.add, doc.comp
+    add, comp, chain = doc.add, doc.comp, doc.chain
     S = d.tokens_per_die
     heads = model.query_heads // G
     H = model.hidden_values
@@ -581,11 +609,11 @@ def prefill_step(model: ModelDescription, d: PrefillDeployment, system: str, die
                          dtype=wdt)
                 f = comp(r, mb, f"{tag}.rmsnorm_ffn", "rmsnorm", None, [a], rows=S, cols=H)
                 if dense:
-                    f = _ffn(doc, r, mb, tag, model.dense_ffn_values, H, S, f, None, None, wdt)
+                    f = chain(r, _ffn(mb, tag, model.dense_ffn_values, H, S, None, None, wdt), f)
                 else:
                     f = comp(r, mb, f"{tag}.gate", "gemm", None, [f], m=S, n=model.routed_experts, k=H, dtype="bf16")
                     if model.shared_experts and d.shared_expert == "local":
-                        f = _ffn(doc, r, mb, tag, model.shared_ffn_values, H, S, f, None, None, wdt, prefix="shared_")
+                        f = chain(r, _ffn(mb, tag, model.shared_ffn_values, H, S, None, None, wdt, prefix="shared_"), f)
                 last[(r, mb)] = f
             if dense:
                 continue
@@ -593,8 +621,8 @@ def prefill_step(model: ModelDescription, d: PrefillDeployment, system: str, die
                    "cmemu.skew": d.skew, "cmemu.seed": d.seed + mb, "cmemu.engine": d.dispatch_engine}
             disp = {r: coll(r, mb, f"{tag}.dispatch", "ep", [last[(r, mb)]], comm_type="MOE_DISPATCH", **moe)
                     for r in ranks}
-            mlp = {r: _expert_mlp(doc, model, r, mb, tag, int(received[mb][r]), d.experts_per_die, disp[r], None,
-                                  None, wdt) for r in ranks}
+            mlp = {r: chain(r, _expert_mlp(model, mb, tag, int(received[mb][r]), d.experts_per_die, None, None, wdt),
+                            disp[r]) for r in ranks}
             for r in ranks:
                 last[(r, mb)] = coll(r, mb, f"{tag}.combine", "ep", [mlp[r]], comm_type="MOE_COMBINE", **moe)
     # The first output token: the LM head and a softmax for the last token of each request, on
