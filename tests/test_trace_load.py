@@ -597,6 +597,29 @@ def test_all_problems_reported_in_file_order(tmp_path):
     assert raised.value.field == "version"
 
 
+def test_nodes_sharing_one_attrs_dict_check_as_if_each_had_its_own():
+    # A generated document shares one attrs dict among the nodes of one shape (cmemu.models.step);
+    # the checker finds them again by identity, with what it finds for copies of them.
+    good, bad, size = {"num_ops": 1000, "cmemu.cores": 2}, {"num_ops": -1}, {"tensor_size": 8}
+    kinds = [("COMP", good), ("COMP", bad), ("MEM_LOAD", size), ("COMP", good), ("MEM_STORE", size),
+             ("COMP", bad), ("MEM_LOAD", size), ("COMP", good)]
+    shared = nodes_doc(*[{"id": i, "type": t, "rank": i % 2, "attrs": a} for i, (t, a) in enumerate(kinds)])
+    copied = json.loads(json.dumps(shared))
+
+    def found(doc):
+        errors = check_trace(doc, "t.json", RANKS, node_check=lambda t, a: [("cmemu.cores", "no")] if t == "COMP"
+                             else [])
+        return [(e.node_id, e.field, str(e)) for e in errors]
+
+    assert found(shared) == found(copied)
+    assert any("and 2 more nodes with these attributes" in e[2] for e in found(shared))
+    del shared["nodes"][5], shared["nodes"][1]
+    del copied["nodes"][5], copied["nodes"][1]
+    nodes = load_trace("t.json", RANKS, read=(shared, "")).nodes
+    assert nodes == load_trace("t.json", RANKS, read=(copied, "")).nodes
+    assert nodes[0].attrs is nodes[2].attrs and nodes[1].attrs is nodes[4].attrs
+
+
 def test_check_trace_never_raises_on_odd_content():
     odd = [None, 0, "x", [], {}, {"nodes": None}, {"nodes": [None, [], {"id": []}]},
            nodes_doc({"id": 0, "type": ["COMP"], "rank": {}, "stream": None, "data_deps": 1,
