@@ -159,21 +159,28 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
     groups = trace.header.get("groups", {})
     chunk = ub_chunk_byte(spec.die)
     routings = {}  # each distinct MoE routing: (its pairs' bytes, its scratch while drawn)
+    # What a node adds below follows from its type and attributes alone, and the loader shares
+    # one attrs dict among the nodes of one type and attributes: once per shape, times its nodes.
+    shapes = {}  # (type, id(attrs)) -> [attrs, nodes]
     for node in trace.nodes:
         edges += len(node.data_deps) + len(node.ctrl_deps) + 1
-        if node.type == "COMM_SEND":
-            messages += 1
-            size = node.attrs["comm_size"]
-            packets += max(1, -(-size // mtu[node.attrs.get("cmemu.plane", "ub")]))
-        elif node.type == "COMP":
-            comps += 1
-            if "cmemu.duration_ns" not in node.attrs:
-                pipe_slots += _pipes_of(node.attrs.get("cmemu.op")) * _intervals_of(spec.die, node.attrs, pipe_intervals)
-        elif node.type == "COMM_COLL":
+        shape = shapes.get((node.type, id(node.attrs)))
+        if shape is None:
+            shapes[(node.type, id(node.attrs))] = [node.attrs, 1]
+        else:
+            shape[1] += 1
+    for (ntype, _), (a, k) in shapes.items():
+        if ntype == "COMM_SEND":
+            messages += k
+            packets += k * max(1, -(-a["comm_size"] // mtu[a.get("cmemu.plane", "ub")]))
+        elif ntype == "COMP":
+            comps += k
+            if "cmemu.duration_ns" not in a:
+                pipe_slots += k * _pipes_of(a.get("cmemu.op")) * _intervals_of(spec.die, a, pipe_intervals)
+        elif ntype == "COMM_COLL":
             # A member's internal ops and messages (cmemu/lower/collectives.py): per (token,
             # expert) pair a load share and a write for MoE, per destination its pieces otherwise,
             # and a flag to and from every other member.
-            a = node.attrs
             g = len(groups.get(a["cmemu.group"], ())) or 2
             if "cmemu.tokens" in a:
                 experts = a.get("cmemu.experts", g)
@@ -189,21 +196,21 @@ def estimate_memory(trace, topo: Topology, native: bool = True,
                     # tail, per token of a combine a receive and a sum, a flag per (token, k) of
                     # a combine and per expert of a dispatch, the normal kernels' count exchange.
                     cores = a.get("cmemu.cores", spec.die.aiv_cores)
-                    inner_ops += 4 * cores + 2 * a["cmemu.tokens"] + 16
-                    inner_edges += 4 * cores + 4 * a["cmemu.tokens"] + 16
-                    inner_messages += writes + max(a.get("cmemu.experts", g), 2 * g)
+                    inner_ops += k * (4 * cores + 2 * a["cmemu.tokens"] + 16)
+                    inner_edges += k * (4 * cores + 4 * a["cmemu.tokens"] + 16)
+                    inner_messages += k * (writes + max(a.get("cmemu.experts", g), 2 * g))
                 else:
                     batches = min(writes, g)  # SDMA: a descriptor per destination
-                    inner_ops += 2 * batches + 8
-                    inner_edges += 3 * batches + 8
+                    inner_ops += k * (2 * batches + 8)
+                    inner_edges += k * (3 * batches + 8)
             else:
                 pieces = max(1, -(-a.get("comm_size", 0) // chunk))
                 writes = 2 * g * pieces
                 size = min(a.get("comm_size", 0), chunk)
-                inner_ops += 2 * writes + 4 * g
-                inner_edges += 3 * writes + 4 * g
-            inner_messages += writes + g
-            packets += writes * max(1, -(-size // spec.ub.transport_mtu_byte)) + g
+                inner_ops += k * (2 * writes + 4 * g)
+                inner_edges += k * (3 * writes + 4 * g)
+            inner_messages += k * (writes + g)
+            packets += k * (writes * max(1, -(-size // spec.ub.transport_mtu_byte)) + g)
     live = min(packets, topo.num_endpoints * spec.ub.max_outstanding_packets)
     pipe_rows = min(pipe_slots, MAX_PIPE_TASK_ROWS)
     arrays = (ops * OP_BYTES + comps * COMP_BYTES + pipe_rows * PIPE_ROW_BYTES + edges * EDGE_BYTES
