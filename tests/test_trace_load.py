@@ -602,7 +602,7 @@ def test_nodes_sharing_one_attrs_dict_check_as_if_each_had_its_own():
     # the checker finds them again by identity, with what it finds for copies of them.
     good, bad, size = {"num_ops": 1000, "cmemu.cores": 2}, {"num_ops": -1}, {"tensor_size": 8}
     kinds = [("COMP", good), ("COMP", bad), ("MEM_LOAD", size), ("COMP", good), ("MEM_STORE", size),
-             ("COMP", bad), ("MEM_LOAD", size), ("COMP", good)]
+             ("COMP", bad), ("MEM_LOAD", size), ("COMP", good), ("MEM_STORE", size)]
     shared = nodes_doc(*[{"id": i, "type": t, "rank": i % 2, "attrs": a} for i, (t, a) in enumerate(kinds)])
     copied = json.loads(json.dumps(shared))
 
@@ -618,6 +618,7 @@ def test_nodes_sharing_one_attrs_dict_check_as_if_each_had_its_own():
     nodes = load_trace("t.json", RANKS, read=(shared, "")).nodes
     assert nodes == load_trace("t.json", RANKS, read=(copied, "")).nodes
     assert nodes[0].attrs is nodes[2].attrs and nodes[1].attrs is nodes[4].attrs
+    assert nodes[6].attrs is nodes[3].attrs is not nodes[1].attrs  # a type's own, though one raw dict
 
 
 def test_check_trace_never_raises_on_odd_content():

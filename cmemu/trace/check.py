@@ -250,8 +250,6 @@ _DEFAULT_ATTRS = {
 _COMM_PEER = {"COMM_SEND": "comm_dst", "COMM_RECV": "comm_src"}
 # Node types whose attributes the system checks too (_check's node_check: cores, op sizes).
 _SYSTEM_CHECKED = frozenset({"COMP", "COMM_COLL", "MEM_LOAD"})
-# At most this many raw attrs dicts are remembered by identity (_check's same_raw).
-_SAME_RAW_ENTRIES = 1 << 16
 # Only meaningful when a COMP's time is derived from its work (num_ops), not fixed.
 _COMP_WORK_DEFAULTS = {"tensor_size": 0, "cmemu.dtype": "bf16"}
 
@@ -328,11 +326,13 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
     # Many nodes repeat a name (one per rank) and attributes (one operator shape): the nodes keep
     # one string and one checked attrs dict for each, as the lowering's per-shape costs expect.
     shared_names = {}
-    shared_attrs = {}  # (type, raw items, their value types) -> attrs, for attrs without problems
-    # A generated document shares one raw attrs dict among the nodes of one op shape (one per
-    # die: cmemu.models.step): id(raw) -> (raw, type, attrs) finds them without the key, whose
-    # tuples took 0.5 s of the 61-layer decode step. A file's nodes share none: at most
-    # _SAME_RAW_ENTRIES are kept (each holds its raw dict, so that its id stays its own).
+    # (type, raw items, their value types) -> [attrs, the last raw dict found], for attrs without
+    # problems. A generated document shares one raw dict among the nodes of one op shape (one per
+    # die: cmemu.models.step): a raw dict found twice in a row is kept in same_raw, id(raw) ->
+    # (raw, type, attrs), which finds it again without the key (whose tuples took 0.5 s of the
+    # 61-layer decode step's check). A file's nodes share none: same_raw stays empty. An entry
+    # holds its raw dict, so that its id stays its own.
+    shared_attrs = {}
     same_raw = {}
     checked = {}  # id(attrs) -> [first node's index, label, prefix, nodes, attrs, node_check's problems]
     own_int = {}.setdefault  # the trace's own copy of each rank and stream (see _own)
@@ -469,18 +469,22 @@ def _check(doc, path: str, num_ranks: int, build: bool, node_check=None):
             elif ntype not in _COMM_PEER:
                 key = (ntype, tuple(raw_attrs.items()), tuple(map(type, raw_attrs.values())))
                 try:
-                    attrs = shared_attrs.get(key)
+                    shared = shared_attrs.get(key)
                 except TypeError:  # an unhashable value (an 'x-' array or object)
-                    key = None
+                    key = shared = None
+                if shared is not None:
+                    attrs = shared[0]
+                    if shared[1] is raw_attrs:
+                        same_raw[id(raw_attrs)] = (raw_attrs, ntype, attrs)
+                    else:
+                        shared[1] = raw_attrs
             attrs_ok = True
             if attrs is None:
                 before = len(found)
                 attrs = _check_attrs(ntype, raw_attrs, rank, num_ranks, i, label, pre, err)
                 attrs_ok = len(found) == before
                 if key is not None and attrs_ok:
-                    shared_attrs[key] = attrs
-            if key is not None and attrs_ok and len(same_raw) < _SAME_RAW_ENTRIES:
-                same_raw[id(raw_attrs)] = (raw_attrs, ntype, attrs)
+                    shared_attrs[key] = [attrs, raw_attrs]
             if node_check is not None and attrs_ok and ntype in _SYSTEM_CHECKED:
                 seen = checked.get(id(attrs))
                 if seen is None:  # once per attrs dict (kept in the entry, so its id stays its own)
