@@ -129,8 +129,8 @@ class _Doc:
     def chain(self, rank, ops, prev) -> int:
         """The ops ``ops`` (``_comp``'s) on ``rank``, each depending on the one before and the first
         on ``prev`` (None: on nothing): the last one's id. A step's dies run the same ops, made
-        once and shared by all their nodes (a decode step's 600,000 COMP nodes have 2,000
-        distinct shapes; made per node, they took half its generation)."""
+        once and shared by all their nodes (the 61-layer decode step's 594,560 COMP nodes share
+        31,000 attrs dicts; made per node, they took three quarters of its generation)."""
         nodes = self.nodes
         for stream, name, ntype, attrs in ops:
             node = {"id": len(nodes), "name": name, "type": ntype, "rank": rank, "stream": stream, "attrs": attrs}
