@@ -72,9 +72,11 @@ class Argument:
 def _model(spec, model_name, phase, **options):
     from cmemu.models.description import load_model
     from cmemu.models.step import model_step_from_options
+    from cmemu.trace.read import gc_paused
 
     model = load_model(model_name)
-    doc, d = model_step_from_options(model, phase, spec, micro_batches=int(options.pop("micro_batches")), **options)
+    with gc_paused():  # as cmemu.trace.deepseek's generators
+        doc, d = model_step_from_options(model, phase, spec, micro_batches=int(options.pop("micro_batches")), **options)
     what = f"{d.tokens_per_die} tokens/die" if phase == "decode" else f"{d.requests} request(s) x {d.prompt_len} tokens"
     if phase == "decode":
         what += hbm_fit(d.hbm_per_die_byte(model), spec)

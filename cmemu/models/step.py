@@ -43,7 +43,6 @@ import numpy as np
 from cmemu.errors import CmemuError
 from cmemu.models.description import ModelDescription
 from cmemu.spec import load_system
-from cmemu.trace.read import gc_paused
 from cmemu.workload.moe import moe_routing, moe_routing_bytes
 
 DTYPES = ("int8", "bf16")
@@ -306,7 +305,6 @@ def _expert_mlp(model, stream, tag, received, epd, aic, aiv, wdt) -> list:
                   k=model.expert_ffn_values, groups=epd, dtype=wdt)]
 
 
-@gc_paused()  # a document of dicts, no cycle: the collector would rescan it as it grows
 def decode_step(model: ModelDescription, d: DecodeDeployment, system: str, dies: int, generator: dict | None = None,
                 description: str | None = None) -> dict:
     """The trace document of one decode step of ``model`` deployed as ``d``."""
@@ -558,7 +556,6 @@ def _prefill_tp_attention(doc: _Doc, model, d: PrefillDeployment, r, mb, tag, a,
     return a, hd
 
 
-@gc_paused()  # as decode_step
 def prefill_step(model: ModelDescription, d: PrefillDeployment, system: str, dies: int,
                  generator: dict | None = None, description: str | None = None) -> dict:
     """The trace document of one prefill step of ``model`` deployed as ``d`` (module docstring)."""

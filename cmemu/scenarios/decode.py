@@ -31,6 +31,7 @@ from cmemu.errors import CmemuError
 from cmemu.results.overlap import exposed_comm_by_class_ps
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.trace.deepseek import DecodeConfig, decode_trace
+from cmemu.trace.read import gc_paused
 from cmemu.workload.deepseek import LAYERS
 
 CLASSES = (
@@ -169,7 +170,8 @@ def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int 
         from cmemu.models.step import decode_step
 
         def generate():
-            return decode_step(model, cfg, spec.name, spec.dies)
+            with gc_paused():  # as decode_trace
+                return decode_step(model, cfg, spec.name, spec.dies)
     # The document goes to the run with no reference left here: the run frees it once checked.
     return decode_metrics(cfg, run_doc(generate(), spec, fabric_model=fabric, max_memory_bytes=max_memory), model)
 

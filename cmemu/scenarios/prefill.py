@@ -26,6 +26,7 @@ from cmemu.results.overlap import exposed_comm_by_class_ps
 from cmemu.scenarios.common import run_doc, run_options, scenario_command
 from cmemu.trace.deepseek import PrefillConfig
 from cmemu.trace.ems_fetch import prefill_step
+from cmemu.trace.read import gc_paused
 from cmemu.workload.deepseek import DENSE_LAYERS, LAYERS
 
 CLASSES = (
@@ -136,7 +137,8 @@ def run_prefill(spec, cfg: PrefillConfig, fabric: str = "packet", max_memory: in
                              "(CloudMatrix-Infer's deployment) only; use --ems-plane hbm")
         from cmemu.models.step import prefill_step as model_prefill_step
 
-        doc = model_prefill_step(model, cfg, spec.name, spec.dies)
+        with gc_paused():  # as cmemu.trace.deepseek.prefill_trace
+            doc = model_prefill_step(model, cfg, spec.name, spec.dies)
         metrics, per_class = prefill_metrics(cfg, run_doc(doc, spec, fabric_model=fabric, max_memory_bytes=max_memory),
                                              model)
         return metrics, per_class, None

@@ -32,6 +32,7 @@ from functools import cached_property
 from dataclasses import asdict, dataclass
 
 from cmemu.errors import CmemuError
+from cmemu.trace.read import gc_paused
 from cmemu.workload.deepseek import DENSE_LAYERS, HEADS, KV_LORA, LAYERS, QK_ROPE
 
 
@@ -118,6 +119,7 @@ def decode_deployment(cfg: DecodeConfig):
                             experts_per_die=1, shared_expert="ep")
 
 
+@gc_paused()  # a document of dicts, no cycle: the collector would rescan it as it grows
 def decode_trace(cfg: DecodeConfig, system: str, dies: int) -> dict:
     """The trace document of one decode step (docs/trace-format.md): the model step generator
     (cmemu.models.step) with DeepSeek-R1's config and CloudMatrix-Infer's deployment."""
@@ -209,6 +211,7 @@ def prefill_deployment(cfg: PrefillConfig):
                              seed=cfg.seed, experts_per_die=PREFILL_EXPERTS_PER_DIE, shared_expert="ep")
 
 
+@gc_paused()  # as decode_trace
 def prefill_trace(cfg: PrefillConfig, system: str, dies: int) -> dict:
     """The trace document of one prefill step (docs/trace-format.md).
 
