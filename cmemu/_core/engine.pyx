@@ -2341,7 +2341,7 @@ cdef class Engine:
         cdef Ini* q = &self.ini[ep]
         cdef int path = self.mt[row].path, plane, uplink
         cdef int32_t s = self.mt[row].src, d = self.mt[row].dst, first, iseq = q.iseq - 1
-        cdef int64_t mtu = self.path_mtu[path], nbytes = self.mt[row].nbytes, seq, payload, wire, idx
+        cdef int64_t mtu = self.path_mtu[path], nbytes = self.mt[row].nbytes, seq, payload, wire
         cdef int64_t start = self.ops[self.mt[row].send + q.shift].start + q.startup, t, ack
         cdef int64_t last = -1, acked = -1
         for seq in range(q.npk):
@@ -2349,20 +2349,7 @@ cdef class Engine:
             if payload > mtu:
                 payload = mtu
             wire = q.wire if payload == q.wpay else self.wire_bytes(path, PKT_WRITE, payload)
-            if not self.links_down:  # (inject's choose_path, in line)
-                plane = q.plane
-                uplink = q.uplink
-                if self.lb == LB_SPRAY:
-                    q.plane += 1
-                    if q.plane == self.P:
-                        q.plane = 0
-                        q.uplink += 1
-                        if q.uplink == self.U:
-                            q.uplink = 0
-            else:
-                idx = self.choose_path(m, seq, -1, row)
-                plane = <int>(idx % self.P)
-                uplink = <int>(idx // self.P)
+            self.packet_path(q, m, seq, -1, row, &plane, &uplink)
             # One issue time after the previous packet, not before its message's start.
             if q.issue_free < self.now:
                 q.issue_free = self.now
@@ -2781,7 +2768,7 @@ cdef class Engine:
         """Issue packets of the initiator's queued messages while its window and rate allow."""
         cdef int32_t m, p, first, s, d, op
         cdef int64_t payload, idx, t, seq, row, nbytes, mtu, t0
-        cdef int path, kind
+        cdef int path, kind, plane, uplink
         cdef Ini* q = &self.ini[ep]
         self.collect_acks(ep)
         if ep < self.n_eps and self.held_n[ep] > 0:
@@ -2857,22 +2844,9 @@ cdef class Engine:
                 self.pkts[p].wire = q.wire
             else:  # the last packet of a write, shorter than the others
                 self.pkts[p].wire = <int32_t>self.wire_bytes(path, self.pkts[p].ptype, payload)
-            if not self.links_down:
-                # choose_path: sprayed, (hash + seq) mod paths, the next path in (uplink, plane)
-                # order from packet to packet; hashed, the same path for all.
-                self.pkts[p].plane = <uint8_t>q.plane
-                self.pkts[p].uplink = q.uplink
-                if self.lb == LB_SPRAY:
-                    q.plane += 1
-                    if q.plane == self.P:
-                        q.plane = 0
-                        q.uplink += 1
-                        if q.uplink == self.U:
-                            q.uplink = 0
-            else:
-                idx = self.choose_path(m, seq, p, row)
-                self.pkts[p].plane = <uint8_t>(idx % self.P)
-                self.pkts[p].uplink = <int32_t>(idx // self.P)
+            self.packet_path(q, m, seq, p, row, &plane, &uplink)
+            self.pkts[p].plane = <uint8_t>plane
+            self.pkts[p].uplink = uplink
             q.seq += 1
             if q.seq == q.npk:  # on to the next message
                 q.seq = 0
@@ -2913,6 +2887,29 @@ cdef class Engine:
             self.wake_at(ep, self.ack_first(ep))  # the window is full: wake when a slot frees
         if ep < self.n_eps and self.held_n[ep] > 0:
             self.release_held(ep)
+        return 0
+
+    cdef inline int packet_path(self, Ini* q, int32_t m, int64_t seq, int32_t p, int64_t row, int* plane,
+                                int* uplink) except -1:
+        """Sub-plane and L1 uplink of packet ``seq`` of message m (table row ``row``) that initiator
+        q issues: choose_path's, without its divisions while no link is down: sprayed, the next
+        path in (uplink, plane) order from packet to packet (from the hash's, set at its first
+        packet); hashed, the same path for all. (``p``: the packet, freed if no path is left.)"""
+        cdef int64_t idx
+        if not self.links_down:
+            plane[0] = q.plane
+            uplink[0] = q.uplink
+            if self.lb == LB_SPRAY:
+                q.plane += 1
+                if q.plane == self.P:
+                    q.plane = 0
+                    q.uplink += 1
+                    if q.uplink == self.U:
+                        q.uplink = 0
+        else:
+            idx = self.choose_path(m, seq, p, row)
+            plane[0] = <int>(idx % self.P)
+            uplink[0] = <int>(idx // self.P)
         return 0
 
     cdef int hold_at(self, int32_t ep, int32_t link) except -1:
