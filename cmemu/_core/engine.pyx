@@ -204,8 +204,11 @@ cdef struct Ini:
     # issue messages in no particular order, so one place per initiator instead of an array per
     # field. First, its queue of messages to issue, in the order they started: runs of
     # consecutive entries of op_midx (the messages of one op, started together), (lo, hi) pairs in
-    # a ring of ``cap`` runs from ``head``; ``seq`` packets of the first message are issued. Set
-    # as its first packet is issued: ``row`` and ``shift``, its table row and op shift; ``npk``,
+    # a ring of ``cap`` runs from ``head``; ``seq`` packets of the first message are issued.
+    # ``m_head``, ``row`` and ``shift``: that first message, its table row and op shift, set as
+    # it becomes the first (head_ahead), while the lines of the one before are still in cache:
+    # looked up when it is issued, microseconds later, they were a chain of four cache misses
+    # (the ring, op_midx, mseg, the table). Set as its first packet is issued: ``npk``,
     # its packets; ``wire``, the wire bytes of a packet of ``wpay`` payload bytes (its full
     # ones); ``plane`` and ``uplink``, its next packet's path while no link is down (choose_path).
     int64_t* buf
@@ -231,7 +234,7 @@ cdef struct Ini:
     int32_t max_out      # its window, packets (fabric.ep_max_outstanding)
     int32_t issue[2]     # a packet's issue time, ps: a write's, a read's (fabric.ep_issue_ps)
     int32_t msg_startup[2]  # an AIV's MTE instruction's start-up, ps: likewise (fabric.ini_msg_startup_ps)
-    int32_t pad
+    int32_t m_head       # the first message of its queue (while n > 0; head_ahead)
 
 
 cdef struct RingSlot:
@@ -2188,7 +2191,24 @@ cdef class Engine:
         q.buf[2 * last] = i
         q.buf[2 * last + 1] = i + 1
         q.n += 1
+        if q.n == 1:  # it is the first
+            q.m_head = msg
+            q.row = row
+            q.shift = self.segs[self.mseg[msg]].shift
         return self.inject(ini)
+
+    cdef inline void head_ahead(self, Ini* q) noexcept nogil:
+        """Its queue's first message has changed (the one before was taken): its id, table row
+        and op shift into the initiator's record (Ini.m_head)."""
+        cdef int32_t m
+        cdef const Seg* g
+        if q.n > 0:
+            m = self.op_midx[q.buf[2 * q.head]]
+            g = &self.segs[self.mseg[m]]
+            q.m_head = m
+            q.row = m - g.lo + g.row
+            q.shift = g.shift
+            cm_prefetch(&self.mt[q.row])  # read when it is issued, often straight after this one
 
     cdef int path_reserve(self, int32_t p, int32_t link, int64_t t, int64_t row) except -1:
         """Message-level fabric: write packet p, issued at t onto its first link ``link``, has its
@@ -2344,6 +2364,9 @@ cdef class Engine:
         cdef int64_t mtu = self.path_mtu[path], nbytes = self.mt[row].nbytes, seq, payload, wire
         cdef int64_t start = self.ops[self.mt[row].send + q.shift].start + q.startup, t, ack
         cdef int64_t last = -1, acked = -1
+        cdef int32_t shift = q.shift, npk = q.npk  # (the queue's next message takes q's)
+        cm_prefetch(q.buf + 2 * q.head)  # (head_ahead's, once its packets are reserved)
+        self.prefetch_paths(q, row)
         for seq in range(q.npk):
             payload = nbytes - seq * mtu
             if payload > mtu:
@@ -2369,7 +2392,33 @@ cdef class Engine:
         if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
             q.head = (q.head + 1) & (q.cap - 1)
             q.n -= 1
-        return self.message_absorbed(m, row, q.shift, ep, iseq, q.npk, last, acked)
+        self.head_ahead(q)
+        return self.message_absorbed(m, row, shift, ep, iseq, npk, last, acked)
+
+    cdef inline void prefetch_paths(self, const Ini* q, int64_t row) noexcept nogil:
+        """The links of the UB paths the packets of q's message (table row ``row``) will take,
+        sprayed from q's next path, into cache before the first is reserved: path_hops reads a
+        link's line as soon as it has asked for it, and a message's packets take different
+        sub-planes, so their lines are fetched side by side here instead of one path at a time."""
+        cdef int32_t s = self.mt[row].src, d = self.mt[row].dst, ns, nd
+        cdef int plane = q.plane, uplink = q.uplink, k
+        if self.links_down or q.npk < 2 or self.mt[row].path != PATH_UB:
+            return
+        ns, nd = self.ep_node[s], self.ep_node[d]
+        for k in range(q.npk):
+            cm_prefetch(&self.lk[self.t_ep_up[s * self.P + plane]])
+            if ns != nd:
+                cm_prefetch(&self.lk[self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]])
+                cm_prefetch(&self.lk[self.l2_down_link(ns, nd, plane, uplink)])
+            cm_prefetch(&self.lk[self.t_ep_down[d * self.P + plane]])
+            if self.lb != LB_SPRAY:
+                return
+            plane += 1
+            if plane == self.P:
+                plane = 0
+                uplink += 1
+                if uplink == self.U:
+                    uplink = 0
 
     cdef int message_absorbed(self, int32_t m, int64_t row, int32_t shift, int32_t ep, int32_t iseq, int32_t npk,
                               int64_t t, int64_t acked) except -1:
@@ -2774,11 +2823,10 @@ cdef class Engine:
         if ep < self.n_eps and self.held_n[ep] > 0:
             self.release_held(ep)
         while q.n > 0:
-            m = self.op_midx[q.buf[2 * q.head]]
+            m = q.m_head
             seq = q.seq
             if seq == 0:  # what its packets have in common, found once a message
-                row = q.row = self.mrow(m)
-                q.shift = self.segs[self.mseg[m]].shift
+                row = q.row
                 kind = self.mt[row].kind
                 path = self.mt[row].path
                 mtu = self.path_mtu[path]
@@ -2854,6 +2902,7 @@ cdef class Engine:
                 if q.buf[2 * q.head] == q.buf[2 * q.head + 1]:
                     q.head = (q.head + 1) & (q.cap - 1)
                     q.n -= 1
+                self.head_ahead(q)
             if not (ep >= self.n_eps) or self.lookahead == 0 or kind != MSG_WRITE:
                 self.ini[ep].outstanding += 1
             # Issued one issue time after the previous packet, and not before its message's
