@@ -12,6 +12,7 @@ import threading
 import click
 
 from cmemu.errors import CmemuError
+from cmemu.output.atomic import COMMITTED, INTERRUPTS
 
 EXIT_INPUT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
@@ -25,22 +26,38 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(signum, frame):
+    INTERRUPTS.append(Terminated)
     raise Terminated()
+
+
+def _raise_interrupted(signum, frame):
+    INTERRUPTS.append(KeyboardInterrupt)
+    raise KeyboardInterrupt()
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """SIGTERM raises Terminated for the block (in the main thread, where handlers run; not
-    where SIGTERM was set to be ignored), then is handled as before."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+    where SIGTERM was set to be ignored), then is handled as before; SIGINT raises
+    KeyboardInterrupt as Python's own handler does (not where it was set to be ignored). Both are
+    latched (cmemu.output.atomic.INTERRUPTS, cleared as the outermost block starts): an interrupt
+    that Python raised where it is lost (in a destructor) still keeps the command's outputs out
+    of place and ends it as interrupted (reports_errors)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    old = {}
+    for signum, handler in ((signal.SIGTERM, _raise_terminated), (signal.SIGINT, _raise_interrupted)):
+        current = signal.getsignal(signum)
+        if current not in (signal.SIG_IGN, handler):
+            old[signum] = signal.signal(signum, handler)
+    if old:  # the outermost block: a new command
+        INTERRUPTS.clear()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
 
 
 def interrupted_exit(exc: KeyboardInterrupt, message: str) -> None:
@@ -67,12 +84,14 @@ def reports_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from cmemu.output.atomic import COMMITTED
 
         before = len(COMMITTED)
         try:
             with sigterm_as_interrupt():
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+                if INTERRUPTS:  # taken, and lost on the way (sigterm_as_interrupt)
+                    raise INTERRUPTS[0]()
+                return out
         except CmemuError as exc:
             _fail(str(exc))
         except KeyboardInterrupt as exc:

@@ -167,6 +167,43 @@ def test_interrupt_while_writing_the_timeline_in_process(tmp_path, monkeypatch):
     assert not out.exists() and os.listdir(out.parent) == []
 
 
+class _SignalInDestructor:
+    """Sends this process a signal as it is collected: Python runs the handler in the destructor,
+    where the exception it raises is only printed ("Exception ignored in ..."), never raised."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, "cmemu: interrupted; no output written"),
+                                                (signal.SIGTERM, 143, "cmemu: terminated; no output written")])
+def test_a_signal_lost_in_a_destructor_still_stops_the_run(signum, code, line, tmp_path, monkeypatch):
+    # Ctrl-C or SIGTERM while Python runs a destructor: its KeyboardInterrupt is lost there, and
+    # the run would go on to write its timeline and exit 0. The CLI's handlers latch it: no file
+    # is renamed into place, and the run ends as interrupted.
+    import cmemu.run.pipeline
+
+    real = cmemu.run.pipeline.check_invariants
+
+    def lose_a_signal(*args, **kwargs):
+        _SignalInDestructor(signum)  # collected at once: the handler runs inside __del__
+        return real(*args, **kwargs)
+
+    lost = []
+    monkeypatch.setattr(cmemu.run.pipeline, "check_invariants", lose_a_signal)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: lost.append(u.exc_type))
+    out = tmp_path / "out" / "tiny.h5"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out), "--quiet"])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert lost and issubclass(lost[0], KeyboardInterrupt)  # it was lost in the destructor
+    assert result.stderr.splitlines() == [line]
+    assert not out.exists() and os.listdir(out.parent) == []
+
+
 # -- SIGTERM, and the other commands that write a file --------------------------------------------
 
 TERMINATED = "cmemu: terminated; no output written"

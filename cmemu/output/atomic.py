@@ -47,6 +47,11 @@ from cmemu.errors import CmemuError
 # Outputs renamed into place by this process, in order (the CLI names those of an interrupted
 # command).
 COMMITTED: list[Path] = []
+# The interrupts a command has taken (the exception each raised; the CLI's reports_errors latches
+# them): one that Python raised where it was lost (in a destructor or a weakref callback, whose
+# exceptions Python only prints) still stops the command before its outputs are renamed into
+# place (``_Pending.commit``), and ends it as interrupted.
+INTERRUPTS: list[type] = []
 
 _TMP_TAG = ".tmp-"
 _NAME_MAX_KEPT = 200  # of the target's name in the temporary one (names are at most 255 bytes)
@@ -208,6 +213,8 @@ class _Pending:
         return fd
 
     def commit(self) -> None:
+        if INTERRUPTS:  # an interrupt was taken and lost on the way: nothing goes into place
+            raise INTERRUPTS[0]()
         with signals_deferred():
             for p in self.targets:
                 _check_target(p, self.inputs)
