@@ -40,7 +40,7 @@ def sigterm_as_interrupt():
     """SIGTERM raises Terminated for the block (in the main thread, where handlers run; not
     where SIGTERM was set to be ignored), then is handled as before; SIGINT raises
     KeyboardInterrupt as Python's own handler does (not where it was set to be ignored). Both are
-    latched (cmemu.output.atomic.INTERRUPTS, cleared as the outermost block starts): an interrupt
+    latched (cmemu.output.atomic.INTERRUPTS, cleared as the outermost block starts and ends): an interrupt
     that Python raised where it is lost (in a destructor) still keeps the command's outputs out
     of place and ends it as interrupted (reports_errors)."""
     if threading.current_thread() is not threading.main_thread():
@@ -58,6 +58,8 @@ def sigterm_as_interrupt():
     finally:
         for signum, handler in old.items():
             signal.signal(signum, handler)
+        if old:  # the command is over: what follows in this process (a library call) is not its
+            INTERRUPTS.clear()
 
 
 def interrupted_exit(exc: KeyboardInterrupt, message: str) -> None:
@@ -84,7 +86,6 @@ def reports_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-
         before = len(COMMITTED)
         try:
             with sigterm_as_interrupt():

@@ -202,6 +202,12 @@ def test_a_signal_lost_in_a_destructor_still_stops_the_run(signum, code, line, t
     assert lost and issubclass(lost[0], KeyboardInterrupt)  # it was lost in the destructor
     assert result.stderr.splitlines() == [line]
     assert not out.exists() and os.listdir(out.parent) == []
+    # The latch is the command's: a library call after it writes its file.
+    from cmemu.run import run_trace
+
+    monkeypatch.undo()  # (no signal lost this time: a SIGTERM outside the CLI would end pytest)
+    run_trace(_tiny_trace(tmp_path), output=out, progress=False)
+    assert out.exists()
 
 
 # -- SIGTERM, and the other commands that write a file --------------------------------------------
