@@ -25,18 +25,23 @@ class Terminated(KeyboardInterrupt):
     no ``except Exception`` takes it for an error)."""
 
 
-def _raise_terminated(signum, frame):
-    INTERRUPTS.append(Terminated)
-    raise Terminated()
+def _latching(exc_type):
+    """A signal handler that raises ``exc_type`` where Python runs handlers, and latches it
+    (cmemu.output.atomic.INTERRUPTS)."""
+
+    def handler(signum, frame):
+        INTERRUPTS.append(exc_type)
+        raise exc_type()
+
+    return handler
 
 
-def _raise_interrupted(signum, frame):
-    INTERRUPTS.append(KeyboardInterrupt)
-    raise KeyboardInterrupt()
+_raise_terminated = _latching(Terminated)
+_raise_interrupted = _latching(KeyboardInterrupt)
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt():
+def signals_as_interrupts():
     """SIGTERM raises Terminated for the block (in the main thread, where handlers run; not
     where SIGTERM was set to be ignored), then is handled as before; SIGINT raises
     KeyboardInterrupt as Python's own handler does (not where it was set to be ignored). Both are
@@ -88,9 +93,9 @@ def reports_errors(fn):
     def wrapper(*args, **kwargs):
         before = len(COMMITTED)
         try:
-            with sigterm_as_interrupt():
+            with signals_as_interrupts():
                 out = fn(*args, **kwargs)
-                if INTERRUPTS:  # taken, and lost on the way (sigterm_as_interrupt)
+                if INTERRUPTS:  # taken, and lost on the way (signals_as_interrupts)
                     raise INTERRUPTS[0]()
                 return out
         except CmemuError as exc:

@@ -2192,14 +2192,12 @@ cdef class Engine:
         q.buf[2 * last + 1] = i + 1
         q.n += 1
         if q.n == 1:  # it is the first
-            q.m_head = msg
-            q.row = row
-            q.shift = self.segs[self.mseg[msg]].shift
+            self.head_ahead(q)
         return self.inject(ini)
 
     cdef inline void head_ahead(self, Ini* q) noexcept nogil:
-        """Its queue's first message has changed (the one before was taken): its id, table row
-        and op shift into the initiator's record (Ini.m_head)."""
+        """Its queue's first message has changed (the one before was taken, or it joined an
+        empty queue): its id, table row and op shift into the initiator's record (Ini.m_head)."""
         cdef int32_t m
         cdef const Seg* g
         if q.n > 0:
@@ -2239,18 +2237,8 @@ cdef class Engine:
         # Its links are known before any is reserved: fetch their lines (and their calendars'
         # ends, and the open counter bin of its issue time) together rather than one hop after
         # another; what a hop reads is then mostly in cache.
-        cdef int32_t ns, nd
-        if path == PATH_UB:  # route_link's UB path, its links worked out together
-            links[0] = link
-            ns, nd = self.ep_node[s], self.ep_node[d]
-            if ns == nd:
-                links[1] = self.t_ep_down[d * self.P + plane]
-                n = 2
-            else:
-                links[1] = self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
-                links[2] = self.l2_down_link(ns, nd, plane, uplink)
-                links[3] = self.t_ep_down[d * self.P + plane]
-                n = 4
+        if path == PATH_UB:
+            n = self.ub_links(s, d, plane, uplink, links)  # (links[0] is ``link``)
             for hop in range(n):
                 if links[hop] < 0:
                     n = hop
@@ -2309,6 +2297,29 @@ cdef class Engine:
             t = self.cal_reserve(&self.sk[d], t, ser) + ser
         ack_out[0] = ack
         return t + self.ep_write_lat[d]
+
+    cdef inline int ub_links(self, int32_t s, int32_t d, int plane, int uplink, int32_t* links) noexcept nogil:
+        """route_link's UB path from endpoint s to endpoint d on sub-plane ``plane`` and L1 uplink
+        ``uplink``, its links worked out together into ``links``; returns how many (2 within a
+        node, 4 across)."""
+        cdef int32_t ns = self.ep_node[s], nd = self.ep_node[d]
+        links[0] = self.t_ep_up[s * self.P + plane]
+        if ns == nd:
+            links[1] = self.t_ep_down[d * self.P + plane]
+            return 2
+        links[1] = self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]
+        links[2] = self.l2_down_link(ns, nd, plane, uplink)
+        links[3] = self.t_ep_down[d * self.P + plane]
+        return 4
+
+    cdef inline void spray_next(self, int32_t* plane, int32_t* uplink) noexcept nogil:
+        """The path after (plane, uplink) in spraying's (uplink, plane) order."""
+        plane[0] += 1
+        if plane[0] == self.P:
+            plane[0] = 0
+            uplink[0] += 1
+            if uplink[0] == self.U:
+                uplink[0] = 0
 
     cdef int write_absorbed(self, int32_t p, int64_t t, int64_t ack=-1, int64_t row=-1) except -1:
         """Write packet p is in its destination's memory at t. The message is delivered with its
@@ -2400,25 +2411,18 @@ cdef class Engine:
         sprayed from q's next path, into cache before the first is reserved: path_hops reads a
         link's line as soon as it has asked for it, and a message's packets take different
         sub-planes, so their lines are fetched side by side here instead of one path at a time."""
-        cdef int32_t s = self.mt[row].src, d = self.mt[row].dst, ns, nd
-        cdef int plane = q.plane, uplink = q.uplink, k
+        cdef int32_t s = self.mt[row].src, d = self.mt[row].dst, plane = q.plane, uplink = q.uplink
+        cdef int32_t links[4]
+        cdef int k, hop, n
         if self.links_down or q.npk < 2 or self.mt[row].path != PATH_UB:
             return
-        ns, nd = self.ep_node[s], self.ep_node[d]
         for k in range(q.npk):
-            cm_prefetch(&self.lk[self.t_ep_up[s * self.P + plane]])
-            if ns != nd:
-                cm_prefetch(&self.lk[self.t_l1_uplink[(ns * self.P + plane) * self.U + uplink]])
-                cm_prefetch(&self.lk[self.l2_down_link(ns, nd, plane, uplink)])
-            cm_prefetch(&self.lk[self.t_ep_down[d * self.P + plane]])
+            n = self.ub_links(s, d, plane, uplink, links)
+            for hop in range(n):
+                cm_prefetch(&self.lk[links[hop]])
             if self.lb != LB_SPRAY:
                 return
-            plane += 1
-            if plane == self.P:
-                plane = 0
-                uplink += 1
-                if uplink == self.U:
-                    uplink = 0
+            self.spray_next(&plane, &uplink)
 
     cdef int message_absorbed(self, int32_t m, int64_t row, int32_t shift, int32_t ep, int32_t iseq, int32_t npk,
                               int64_t t, int64_t acked) except -1:
@@ -2949,12 +2953,7 @@ cdef class Engine:
             plane[0] = q.plane
             uplink[0] = q.uplink
             if self.lb == LB_SPRAY:
-                q.plane += 1
-                if q.plane == self.P:
-                    q.plane = 0
-                    q.uplink += 1
-                    if q.uplink == self.U:
-                        q.uplink = 0
+                self.spray_next(&q.plane, &q.uplink)
         else:
             idx = self.choose_path(m, seq, p, row)
             plane[0] = <int>(idx % self.P)
