@@ -146,13 +146,14 @@ class Fabric:
 # assumed: a few hundred packet times of a die's seven ports, short beside the tens of us a MoE
 # dispatch takes. See docs/model.md, "Message-level fabric".
 FABRIC_MODELS = {"packet": 0, "message": 1_000_000, "message-bp": 1_000_000}
-# The message-level fabric's look-ahead for an AIV's writes, from its instructions' issue: an AIV
-# waits for each remote write before the next (its kernel's flow), so a 1 us look-ahead would take
-# an event for every write of its chain; 5 us takes one for every few, at the cost measured on
-# the EP320 dispatch + combine against the packet model (96 tokens per die, 16 AIVs): dispatch
-# +1.6%, combine -0.1% (1 us: +0.7%, -1.1%), a third fewer events. Assumed: chosen on that
-# comparison (docs/model.md, "Message-level fabric").
-AIV_LOOKAHEAD_PS = {"packet": 0, "message": 5_000_000, "message-bp": 5_000_000}
+# The message-level fabric's look-ahead for an AIV's writes, from its instructions' issue: the
+# same 1 us as an endpoint's. Reserving further ahead reserves in an order further from the order
+# packets reach a link (a packet reserved ahead keeps its slot against one that arrives first
+# but is reserved later), and the results move: on the EP320 MoE dispatch + combine (96 tokens
+# per die, 16 AIVs) and the 5-layer decode step, 0.25, 1 and 2 us agree within 0.1% and 5 us
+# does not (the step 0.25% longer). Assumed: the largest look-ahead measured to have converged
+# (docs/model.md, "Message-level fabric").
+AIV_LOOKAHEAD_PS = {"packet": 0, "message": 1_000_000, "message-bp": 1_000_000}
 # "message-bp": the message-level fabric with receive buffers bounded as the packet fabric's
 # credits bound them: where a link's receive buffer, from the packets reserved through it, has no
 # room for another packet, the link is blocked for all (docs/model.md, "Back-pressure").
