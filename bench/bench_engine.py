@@ -1,5 +1,7 @@
 """Event-kernel benchmarks. Gates are ratios measured in the same run (native kernel vs the
-pure-Python reference on the same workload), never absolute times: the machines are noisy.
+pure-Python reference on the same workload), never absolute times: the machines are noisy. Runs
+are timed in the CPU time of the thread that runs them (time.thread_time), so that another
+process's turn on a core counts against neither kernel.
 
 docs/architecture.md budget: >= 4 M events/s with 10 K events pending, and >= 20x the reference.
 """
@@ -26,16 +28,20 @@ def _fabric():
 HOLD_PENDING = 10_000
 MIN_SPEEDUP_HOLD = 20.0
 MIN_SPEEDUP_TRAFFIC = 10.0
+HOLD_NATIVE_ROUNDS = 10  # per pass, beside one reference run
+HOLD_RETRY_PASSES = 8
 
 
 def _best_rate(lowered, native, rounds):
-    """Best events/s over a few rounds (the least disturbed by other load)."""
+    """Best events/s over a few rounds (the least disturbed by other load), timed in this
+    thread's CPU time: a run that waits for a core (another process's turn on this machine's few)
+    is not counted as slow. What is left is the machine's own variation from moment to moment."""
     best = 0.0
     for _ in range(rounds):
         engine = make_engine(lowered, _fabric(), native=native)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         engine.run()
-        dt = time.perf_counter() - t0
+        dt = time.thread_time() - t0
         best = max(best, engine.events / dt)
     return best, engine
 
@@ -62,22 +68,37 @@ def hold():
 
 
 def test_event_kernel_hold(benchmark, hold):
-    """The hold model: 10 K chains, so 10 K events stay pending; 400 K events per run."""
+    """The hold model: 10 K chains, so 10 K events stay pending; 400 K events per run.
+
+    Each kernel's best over interleaved passes (10 native runs of 40 ms to one reference run of
+    0.9 s; 3 passes, and 8 more before judging a ratio below the budget), in CPU time. Measured on
+    the 2-core development machine (Dec 2026): the native kernel at 9.5-13 M events/s from run to
+    run, the reference at 0.40-0.51 M events/s (faster as the process ages); this gate 21.8-23.5x
+    in fresh processes, 22.3-23.1x beside two busy processes (wall time made that 31-33x: the
+    reference's long runs waited for a core), 21.1x within the whole suite, and 20.4x with the
+    8 passes more (made to run them: the reference's best 0.516 M events/s, native 10.5), so the
+    margin here is thin: in one process the reference runs up to 12% faster by its tenth run, in
+    user time, not page faults. The 26-28x noted before was another day's machine: the kernels of
+    that commit (db843d0) measure here as they do now (native 9.7-10.1 M events/s, reference
+    0.44-0.45; 22-24x), so nothing regressed. The budget stays 20x.
+    """
     benchmark.pedantic(lambda e: e.run(), setup=lambda: _engine_run(hold), rounds=5)
-    native, reference, e = _best_rates(hold)
-    if native / reference < MIN_SPEEDUP_HOLD:
-        # The native kernel is the one a neighbour's load on the shared cache slows (26-28x
-        # measured here idle, 19.6x once in a CI run under such load): measure again, longer,
-        # before judging (the budget stays 20x).
-        n2, r2, e = _best_rates(hold, passes=6)
+    native, reference, e = _best_rates(hold, native_rounds=HOLD_NATIVE_ROUNDS)
+    first = native / reference
+    if first < MIN_SPEEDUP_HOLD:
+        # Measure again, longer, before judging (the budget stays 20x): both kernels get more
+        # runs, and the reference's best rises with them as the native's does.
+        n2, r2, e = _best_rates(hold, native_rounds=HOLD_NATIVE_ROUNDS, passes=HOLD_RETRY_PASSES)
         native, reference = max(native, n2), max(reference, r2)
     assert e.max_pending == HOLD_PENDING
     ratio = native / reference
     benchmark.extra_info.update(
-        native_events_per_s=round(native), reference_events_per_s=round(reference), speedup=round(ratio, 1)
+        native_events_per_s=round(native), reference_events_per_s=round(reference), speedup=round(ratio, 1),
+        first_speedup=round(first, 1),
     )
     print(f"\nhold, {HOLD_PENDING:,} pending: native {native / 1e6:.2f} M events/s, "
-          f"reference {reference / 1e6:.3f} M events/s, speedup {ratio:.1f}x")
+          f"reference {reference / 1e6:.3f} M events/s, speedup {ratio:.1f}x"
+          + ("" if first >= MIN_SPEEDUP_HOLD else f" (measured again: {first:.1f}x first)"))
     assert ratio >= MIN_SPEEDUP_HOLD
 
 
