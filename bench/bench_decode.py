@@ -1,14 +1,14 @@
 """The full DeepSeek-R1 decode step (issue 6): 61 layers, EP320, 96 tokens per die, 2 micro-batches.
 
 Budget (issue 6): <= 60 s wall and <= 4 GB peak memory with the HDF5 written. Memory is met
-(2.7 GB); time on an idle machine: 51-55 s (the shared development machine's speed varies by up
-to twice from session to session); the scenario, which writes no HDF5, 40 s (see the printed
+(2.7 GB); time: 50 s (the shared development machine's speed varies by up to twice from
+session to session); the scenario, which writes no HDF5, 38 s (see the printed
 figures and the README). This bench runs `cmemu run --fabric message`
 (in a child process, so that its peak memory is its own; wall time from its start to its exit,
 the HDF5 written) on the generated step cut to 4 and to 5 layers, which differ by one MoE layer,
 and reports what one MoE layer costs and the whole step extrapolated from it (3 dense + 58 MoE
 layers + the MTP layer). With CMEMU_BENCH_FULL_STEP=1 it also runs the whole step and reports it
-as measured (51-55 s and 2.7 GB), and `cmemu scenario run decode --layers 61 --fabric
+as measured (50 s and 2.7 GB), and `cmemu scenario run decode --layers 61 --fabric
 message` end to end, the way a user runs it (the step generated and run in memory).
 
 Gated: the cost per event of the 5-layer run against the 4-layer one (a run must not slow down
