@@ -290,6 +290,10 @@ cdef enum:
     WHEEL_SIZE = 1 << 14
     WHEEL_MASK = (1 << 14) - 1
     WHEEL_KEEP = 64  # events a drained bucket keeps room for
+    SORT_SMALL = 16  # a bucket of at most this many events is sorted by insertion, not radix
+    SORT_TMP_KEEP = 1 << 16  # events the radix sort's scratch keeps room for
+    PREFETCH_OP = 16  # how far ahead in the sorted list an op end's line is asked for
+    PREFETCH_SUCC = 8  # and its first successor's
     RING = 16  # time bins a link's counters keep open
     AIV_RING = 32  # cmemu.fabric.AIV_MESSAGES_IN_FLIGHT
     FLOW_AFTER_MASK = 0x07  # cmemu.lower.comm
@@ -340,6 +344,8 @@ cdef class Engine:
     cdef int64_t wheel_count, cur
     cdef Event* act
     cdef int64_t act_head, act_len, act_cap
+    cdef Event* sort_tmp  # the bucket sort's scratch (sort_tmp_cap events)
+    cdef int64_t sort_tmp_cap
     cdef readonly int64_t now, events, n_ops, ops_done, max_pending, packets_sent, packets_live
     cdef readonly bint past_event, released
     cdef int64_t kind_count[16]
@@ -506,6 +512,8 @@ cdef class Engine:
         self.fifo = NULL
         self.wheel = NULL
         self.act = NULL
+        self.sort_tmp = NULL
+        self.sort_tmp_cap = 0
         self.pkts = NULL
         self.series = NULL
         self.recs = NULL
@@ -837,6 +845,7 @@ cdef class Engine:
                 free(self.wheel[i].ev)
             free(self.wheel)
         free(self.act)
+        free(self.sort_tmp)
         free(self.pkts)
         free(self.series)
         free(self.ring)
@@ -887,8 +896,10 @@ cdef class Engine:
         free(self.heap)
         free(self.fifo)
         free(self.act)
+        free(self.sort_tmp)
         free(self.pkts)
-        self.heap = self.fifo = self.act = NULL
+        self.heap = self.fifo = self.act = self.sort_tmp = NULL
+        self.sort_tmp_cap = 0
         self.pkts = NULL
         self.heap_len = self.fifo_len = self.act_len = self.act_head = self.wheel_count = 0
         free(self.hr)
@@ -909,42 +920,60 @@ cdef class Engine:
         - a later one goes to the heap, and joins its bucket when that bucket's turn comes.
         """
         cdef Event ev
-        cdef int64_t total, b
+        cdef Event* slot
+        cdef Bucket* bk
+        cdef int64_t total, b, k
         if time < self.now:
             self.past_event = True
-        ev.time = time
-        ev.seq = self.seq
-        ev.kind = kind
-        ev.a = a
-        self.seq += 1
         b = time >> BUCKET_BITS
+        # The two common cases (the FIFO, a wheel bucket) write the event in place: an Event
+        # built here and passed by value cost a store-forwarding stall per push.
         if time == self.now:
-            self.fifo_push(ev)
-        elif b <= self.cur:
-            self.active_insert(ev)
-        elif b < self.cur + WHEEL_SIZE:
-            self.bucket_append(b & WHEEL_MASK, ev)
+            if self.fifo_len == self.fifo_cap:
+                self.fifo_grow()
+            k = self.fifo_head + self.fifo_len
+            if k >= self.fifo_cap:
+                k -= self.fifo_cap
+            slot = &self.fifo[k]
+            self.fifo_len += 1
+        elif b > self.cur and b < self.cur + WHEEL_SIZE:
+            bk = &self.wheel[b & WHEEL_MASK]
+            if bk.n == bk.cap:
+                self.bucket_grow(bk)
+            slot = &bk.ev[bk.n]
+            bk.n += 1
+            self.wheel_count += 1
         else:
-            self.heap_push(ev)
+            ev.time = time
+            ev.seq = self.seq
+            ev.kind = kind
+            ev.a = a
+            self.seq += 1
+            if b <= self.cur:
+                self.active_insert(ev)
+            else:
+                self.heap_push(ev)
+            slot = NULL
+        if slot != NULL:
+            slot.time = time
+            slot.seq = self.seq
+            slot.kind = kind
+            slot.a = a
+            self.seq += 1
         total = self.heap_len + self.fifo_len + self.wheel_count + self.act_len - self.act_head
         if total > self.max_pending:
             self.max_pending = total
         return 0
 
-    cdef int bucket_append(self, int64_t slot, Event ev) except -1:
-        cdef Bucket* bk = &self.wheel[slot]
+    cdef int bucket_grow(self, Bucket* bk) except -1:
+        """Room for one more event in a full wheel bucket."""
         cdef Event* grown
-        cdef int64_t cap
-        if bk.n == bk.cap:
-            cap = 16 if bk.cap == 0 else 2 * bk.cap
-            grown = <Event*>realloc(bk.ev, cap * sizeof(Event))
-            if grown == NULL:
-                raise MemoryError("event wheel")
-            bk.ev = grown
-            bk.cap = cap
-        bk.ev[bk.n] = ev
-        bk.n += 1
-        self.wheel_count += 1
+        cdef int64_t cap = 16 if bk.cap == 0 else 2 * bk.cap
+        grown = <Event*>realloc(bk.ev, cap * sizeof(Event))
+        if grown == NULL:
+            raise MemoryError("event wheel")
+        bk.ev = grown
+        bk.cap = cap
         return 0
 
     cdef int active_reserve(self, int64_t extra) except -1:
@@ -989,6 +1018,7 @@ cdef class Engine:
         them (its wheel slot, and heap events of that bucket), and sort them."""
         cdef Bucket* bk
         cdef int64_t heap_b
+        cdef bint from_heap, sorted_ = False
         self.act_head = 0
         self.act_len = 0
         while self.wheel_count > 0 or self.heap_len > 0:
@@ -998,9 +1028,16 @@ cdef class Engine:
             else:
                 self.cur += 1
             bk = &self.wheel[self.cur & WHEEL_MASK]
+            from_heap = heap_b == self.cur
             if bk.n > 0:
                 self.active_reserve(bk.n)
-                memmove(self.act, bk.ev, bk.n * sizeof(Event))
+                if from_heap or bk.n <= SORT_SMALL:
+                    memmove(self.act, bk.ev, bk.n * sizeof(Event))
+                else:
+                    # A bucket's events were appended as they were scheduled, so in seq order:
+                    # sorted stably by time alone, they are in (time, seq) order.
+                    self.sort_by_time(bk.ev, bk.n)
+                    sorted_ = True
                 self.act_len = bk.n
                 self.wheel_count -= bk.n
                 bk.n = 0
@@ -1016,25 +1053,86 @@ cdef class Engine:
                 self.act[self.act_len] = self.heap_pop()
                 self.act_len += 1
             if self.act_len > 0:
-                qsort(self.act, self.act_len, sizeof(Event), ev_cmp)
+                if from_heap:  # heap events have come after the bucket's, in no seq order with them
+                    qsort(self.act, self.act_len, sizeof(Event), ev_cmp)
+                elif not sorted_:
+                    self.insertion_sort_by_time(self.act_len)
                 return 0
         return 0
 
-    cdef int fifo_push(self, Event ev) except -1:
+    cdef void insertion_sort_by_time(self, int64_t n) noexcept nogil:
+        """Sort act[0:n] stably by time (a few events in seq order: by (time, seq))."""
+        cdef int64_t i, j
+        cdef Event ev
+        for i in range(1, n):
+            if self.act[i].time >= self.act[i - 1].time:
+                continue
+            ev = self.act[i]
+            j = i
+            while j > 0 and self.act[j - 1].time > ev.time:
+                self.act[j] = self.act[j - 1]
+                j -= 1
+            self.act[j] = ev
+
+    cdef int sort_by_time(self, const Event* src, int64_t n) except -1:
+        """src[0:n], events of bucket cur, into act[0:n] sorted stably by time: an LSD radix
+        sort on the time's 14 bits within the bucket, 7 bits a pass (through sort_tmp)."""
+        cdef int32_t lo_at[128]
+        cdef int32_t hi_at[128]
+        cdef int32_t c, t, d
+        cdef int64_t i, base = self.cur << BUCKET_BITS
+        cdef Event* tmp
+        if n > self.sort_tmp_cap:
+            free(self.sort_tmp)
+            self.sort_tmp_cap = max(n, 2 * self.sort_tmp_cap)
+            self.sort_tmp = <Event*>malloc(self.sort_tmp_cap * sizeof(Event))
+            if self.sort_tmp == NULL:
+                self.sort_tmp_cap = 0
+                raise MemoryError("event sort")
+        tmp = self.sort_tmp
+        memset(lo_at, 0, sizeof(lo_at))
+        memset(hi_at, 0, sizeof(hi_at))
+        for i in range(n):
+            d = <int32_t>(src[i].time - base)
+            lo_at[d & 127] += 1
+            hi_at[d >> 7] += 1
+        t = 0
+        for c in range(128):  # counts to starting places
+            d = lo_at[c]
+            lo_at[c] = t
+            t += d
+        t = 0
+        for c in range(128):
+            d = hi_at[c]
+            hi_at[c] = t
+            t += d
+        for i in range(n):
+            d = <int32_t>(src[i].time - base) & 127
+            tmp[lo_at[d]] = src[i]
+            lo_at[d] += 1
+        for i in range(n):
+            d = <int32_t>(tmp[i].time - base) >> 7
+            self.act[hi_at[d]] = tmp[i]
+            hi_at[d] += 1
+        if self.sort_tmp_cap > SORT_TMP_KEEP:  # a burst's: give the room back (as qsort would)
+            free(self.sort_tmp)
+            self.sort_tmp = NULL
+            self.sort_tmp_cap = 0
+        return 0
+
+    cdef int fifo_grow(self) except -1:
+        """Double the full FIFO's room, its events in order from its start."""
         cdef Event* grown
         cdef int64_t k
-        if self.fifo_len == self.fifo_cap:
-            grown = <Event*>malloc(2 * self.fifo_cap * sizeof(Event))
-            if grown == NULL:
-                raise MemoryError("event FIFO")
-            for k in range(self.fifo_len):
-                grown[k] = self.fifo[(self.fifo_head + k) % self.fifo_cap]
-            free(self.fifo)
-            self.fifo = grown
-            self.fifo_head = 0
-            self.fifo_cap *= 2
-        self.fifo[(self.fifo_head + self.fifo_len) % self.fifo_cap] = ev
-        self.fifo_len += 1
+        grown = <Event*>malloc(2 * self.fifo_cap * sizeof(Event))
+        if grown == NULL:
+            raise MemoryError("event FIFO")
+        for k in range(self.fifo_len):
+            grown[k] = self.fifo[(self.fifo_head + k) % self.fifo_cap]
+        free(self.fifo)
+        self.fifo = grown
+        self.fifo_head = 0
+        self.fifo_cap *= 2
         return 0
 
     cdef int heap_push(self, Event ev) except -1:
@@ -1089,6 +1187,9 @@ cdef class Engine:
     cdef inline Event next_event(self) except *:
         """The earliest event: queued events for the current time precede the FIFO's."""
         cdef Event ev
+        cdef Event* e
+        cdef OpInfo* o
+        cdef int64_t h
         if self.fifo_len > 0 and (self.act_head == self.act_len
                                   or self.act[self.act_head].time > self.fifo[self.fifo_head].time):
             ev = self.fifo[self.fifo_head]
@@ -1101,6 +1202,23 @@ cdef class Engine:
             self.refill()
         ev = self.act[self.act_head]
         self.act_head += 1
+        # Ask for the op lines that the sorted list's coming op ends will touch: the op's own,
+        # PREFETCH_OP events ahead, and its first successor's, PREFETCH_SUCC ahead (by then its
+        # own line is in the cache). The op table is far larger than the caches, and ops end in
+        # no order of their own. (Written here, not in a function of its own: GCC took such a
+        # function for one without side effects and dropped its calls.)
+        h = self.act_head + PREFETCH_OP
+        if h < self.act_len:
+            e = &self.act[h]
+            if e.kind == EV_OP_DONE:
+                cm_prefetch(&self.ops[e.a])
+        h = self.act_head + PREFETCH_SUCC
+        if h < self.act_len:
+            e = &self.act[h]
+            if e.kind == EV_OP_DONE:
+                o = &self.ops[e.a]
+                if o.succ_n > 0:
+                    cm_prefetch(&self.ops[self.succ_idx[o.succ_lo]])
         return ev
 
     # -- packets -------------------------------------------------------------------------
