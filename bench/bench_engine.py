@@ -72,15 +72,10 @@ def test_event_kernel_hold(benchmark, hold):
 
     Each kernel's best over interleaved passes (10 native runs of 40 ms to one reference run of
     0.9 s; 3 passes, and 8 more before judging a ratio below the budget), in CPU time. Measured on
-    the 2-core development machine (Dec 2026): the native kernel at 9.5-13 M events/s from run to
-    run, the reference at 0.40-0.51 M events/s (faster as the process ages); this gate 21.8-23.5x
-    in fresh processes, 22.3-23.1x beside two busy processes (wall time made that 31-33x: the
-    reference's long runs waited for a core), 21.1x within the whole suite, and 20.4x with the
-    8 passes more (made to run them: the reference's best 0.516 M events/s, native 10.5), so the
-    margin here is thin: in one process the reference runs up to 12% faster by its tenth run, in
-    user time, not page faults. The 26-28x noted before was another day's machine: the kernels of
-    that commit (db843d0) measure here as they do now (native 9.7-10.1 M events/s, reference
-    0.44-0.45; 22-24x), so nothing regressed. The budget stays 20x.
+    the 2-core development machine (Dec 2026): native 44-52 M events/s (a bucket's events sorted by
+    a radix sort on their time, events written in place, the coming op ends' lines prefetched;
+    10 M events/s before), the reference 0.40-0.51 M events/s (faster as the process ages): about
+    110x. The budget stays 20x.
     """
     benchmark.pedantic(lambda e: e.run(), setup=lambda: _engine_run(hold), rounds=5)
     native, reference, e = _best_rates(hold, native_rounds=HOLD_NATIVE_ROUNDS)
