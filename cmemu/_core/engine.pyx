@@ -1079,7 +1079,7 @@ cdef class Engine:
         sort on the time's 14 bits within the bucket, 7 bits a pass (through sort_tmp)."""
         cdef int32_t lo_at[128]
         cdef int32_t hi_at[128]
-        cdef int32_t c, t, d
+        cdef int32_t c, t, u, d
         cdef int64_t i, base = self.cur << BUCKET_BITS
         cdef Event* tmp
         if n > self.sort_tmp_cap:
@@ -1096,16 +1096,14 @@ cdef class Engine:
             d = <int32_t>(src[i].time - base)
             lo_at[d & 127] += 1
             hi_at[d >> 7] += 1
-        t = 0
-        for c in range(128):  # counts to starting places
+        t = u = 0
+        for c in range(128):  # counts to starting places, both digits at once
             d = lo_at[c]
             lo_at[c] = t
             t += d
-        t = 0
-        for c in range(128):
             d = hi_at[c]
-            hi_at[c] = t
-            t += d
+            hi_at[c] = u
+            u += d
         for i in range(n):
             d = <int32_t>(src[i].time - base) & 127
             tmp[lo_at[d]] = src[i]
