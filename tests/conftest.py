@@ -54,7 +54,7 @@ def update_goldens(request):
 # runs the rules of each mechanism and the die model alone. Every test file is in one layer
 # (tests/test_layers.py checks it).
 TEST_LAYERS = {
-    "rules": ("test_fabric", "test_message_fabric", "test_message_backpressure", "test_aiv_initiator", "test_collectives", "test_moe_kernels",
+    "rules": ("test_fabric", "test_message_fabric", "test_message_backpressure", "test_message_tails", "test_aiv_initiator", "test_collectives", "test_moe_kernels",
               "test_hbm_sharing", "test_ems", "test_ems_fetch", "test_faults", "test_routes", "test_topology", "test_spec",
               "test_vocab", "test_layers", "test_kernels"),
     "die": ("test_die_hbm", "test_die_ops", "test_die_pipeline", "test_gqa_attention", "test_mla_decode_schedule"),

@@ -80,6 +80,7 @@ cdef enum:
     EV_FAIL = 7
     EV_RETRANSMIT = 8
     EV_HBM_DONE = 9  # the row (hr) of a die's HBM share that finishes first (if still so)
+    EV_TAIL = 10  # (not queued: the tails' own queue, run_tails; counted under this kind)
 
 # Ports an endpoint's writes may be held at by the horizon at once (held_writes): its UB ports,
 # its die-to-die, RDMA and VPC links; more are looked after by the ports' own wake-ups.
@@ -496,6 +497,13 @@ cdef class Engine:
     # free within ``lookahead`` ps (inject). 0: packet level.
     cdef int64_t lookahead
     cdef int64_t aiv_lookahead  # the same for an AIV's writes (cmemu.fabric.FABRIC_MODELS)
+    # Message-bp: the tails of AIV writes across nodes (their hops after the first) waiting to be
+    # reserved (aiv_write, run_tails): a ring of (due time, first and last packet of a chain),
+    # in due order.
+    cdef int64_t* tq_due
+    cdef int32_t* tq_chain
+    cdef int32_t* tq_last
+    cdef int64_t tq_head, tq_len, tq_cap
     cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
     cdef int64_t ack_rate, ack_path, ack_ps  # and the last ack's
 
@@ -817,6 +825,9 @@ cdef class Engine:
 
     def __dealloc__(self):
         cdef int64_t i
+        free(self.tq_due)
+        free(self.tq_chain)
+        free(self.tq_last)
         if self.ack_heap != NULL:
             for i in range(self.n_ini):
                 free(self.ack_heap[i])
@@ -2330,11 +2341,12 @@ cdef class Engine:
         none of it is an event. ``row``: its message's table row."""
         cdef int64_t ack
         t = self.path_hops(self.pkts[p].msg, self.pkts[p].seq, row, link, t, self.pkts[p].wire,
-                           self.pkts[p].payload, self.pkts[p].plane, self.pkts[p].uplink, &ack)
+                           self.pkts[p].payload, self.pkts[p].plane, self.pkts[p].uplink, &ack, 0, 8, 0)
         return self.write_absorbed(p, t, ack, row)
 
     cdef inline int64_t path_hops(self, int32_t m, int32_t seq, int64_t row, int32_t link, int64_t t, int64_t wire,
-                                  int64_t payload, int plane, int uplink, int64_t* ack_out) except -1:
+                                  int64_t payload, int plane, int uplink, int64_t* ack_out,
+                                  int first_hop, int last_hop, int64_t held) except -1:
         """Message-level fabric: packet ``seq`` of write message m (table row ``row``; ``wire``
         bytes on the wire, ``payload`` of them data, on sub-plane ``plane`` and L1 uplink
         ``uplink``), issued at t onto its first link ``link``, has its whole path reserved, link
@@ -2344,11 +2356,16 @@ cdef class Engine:
         them, and those issued first keep their slots, but a packet may use any idle time before
         them. At the destination a CPU's sink takes it likewise (at its rate, from a calendar of
         its own). Returns when it is in memory, one write latency later; *ack_out: its ack's
-        trip back, ps, where the path's links give it (-1: ack_trip's)."""
+        trip back, ps, where the path's links give it (-1: ack_trip's).
+
+        Only hops ``first_hop`` to ``last_hop`` - 1 (0 and 8: all of them) are reserved
+        (aiv_write, on_tail): from ``link`` the path's first link, at t the packet there, having
+        started on the link before at ``held``; with last_hop < 8, returns when it reaches the
+        link after hop last_hop - 1 (*ack_out -1)."""
         cdef int32_t s = self.mt[row].src, d = self.mt[row].dst
         cdef int32_t links[8]
         cdef int hop = 0, n = 0, path = self.mt[row].path
-        cdef int64_t ser = 0, rate = 0, b = 0, ack = -1, held = 0
+        cdef int64_t ser = 0, rate = 0, b = 0, ack = -1
         cdef LinkInfo* L
         # Its links are known before any is reserved: fetch their lines (and their calendars'
         # ends, and the open counter bin of its issue time) together rather than one hop after
@@ -2381,9 +2398,11 @@ cdef class Engine:
                 cm_prefetch(L.buf + 2 * L.buf_n - 2)
             if self.bin_ps > 0:
                 cm_prefetch(self.ring + <int64_t>links[hop] * RING * 2 + b)
-        if path == PATH_UB and self.ub_mirror:
-            ack = 0
-        for hop in range(n):
+        if path == PATH_UB and self.ub_mirror and last_hop >= n:
+            ack = 0  # (from hop first_hop on)
+        if last_hop < n:
+            n = last_hop
+        for hop in range(first_hop, n):
             link = links[hop]
             if self.lk[link].rate != rate:  # the links of a path mostly have one rate
                 rate = self.lk[link].rate
@@ -2406,12 +2425,14 @@ cdef class Engine:
                     self.ack_path = path
                     self.ack_ps = serialisation_ps(self.wire_bytes(path, PKT_ACK, 0), rate)
                 ack += self.ack_ps + self.lk[link].lat
-        self.packets_sent += n
+        self.packets_sent += n - first_hop
+        ack_out[0] = ack
+        if last_hop < 8:
+            return t
         rate = self.ep_sink_rate[d]
         if rate > 0:  # the sink takes it in its idle time too
             ser = serialisation_ps(payload, rate)
             t = self.cal_reserve(&self.sk[d], t, ser) + ser
-        ack_out[0] = ack
         return t + self.ep_write_lat[d]
 
     cdef inline int ub_links(self, int32_t s, int32_t d, int plane, int uplink, int32_t* links) noexcept nogil:
@@ -2484,14 +2505,24 @@ cdef class Engine:
         aiv_ready; it keeps no window), and what write_absorbed does for each packet ends in
         nothing before the last, so the message is absorbed once (message_absorbed): no packet
         is made (the inject loop, the packet and write_absorbed per packet were a quarter of the
-        decode step's instructions)."""
+        decode step's instructions).
+
+        With back-pressure, a write to another node has only its first link reserved now; the
+        rest of each packet's path (its tail) is reserved later, by the time its two extra hops
+        take (L1 to L2 to L1), so that at its last link, the die's, where incast queues and
+        packets from the die's own node meet those from the others, it is reserved in about the
+        order the packets arrive there, as those of a write within the node issued meanwhile are
+        (tail_due, run_tails). Its packets wait, made, in the tails' queue."""
         cdef Ini* q = &self.ini[ep]
         cdef int path = self.mt[row].path, plane, uplink
         cdef int32_t s = self.mt[row].src, d = self.mt[row].dst, first, iseq = q.iseq - 1
         cdef int64_t mtu = self.path_mtu[path], nbytes = self.mt[row].nbytes, seq, payload, wire
         cdef int64_t start = self.ops[self.mt[row].send + q.shift].start + q.startup, t, ack
-        cdef int64_t last = -1, acked = -1
+        cdef int64_t last = -1, acked = -1, reach = -1
         cdef int32_t shift = q.shift, npk = q.npk  # (the queue's next message takes q's)
+        cdef int32_t p, head = -1, tail = -1
+        cdef bint split = (self.backpressure and path == PATH_UB and not self.links_down
+                           and self.ep_node[s] != self.ep_node[d])
         cm_prefetch(q.buf + 2 * q.head)  # (head_ahead's, once its packets are reserved)
         self.prefetch_paths(q, row)
         for seq in range(q.npk):
@@ -2508,7 +2539,27 @@ cdef class Engine:
             t = q.issue_free
             q.issue_free += q.issue[MSG_WRITE]
             first = self.route_link(path, s, d, plane, uplink, 0)
-            t = self.path_hops(m, <int32_t>seq, row, first, t, wire, payload, plane, uplink, &ack)
+            if split:  # its first link; its tail waits (on_tail)
+                t = self.path_hops(m, <int32_t>seq, row, first, t, wire, payload, plane, uplink, &ack, 0, 1, 0)
+                p = self.packet_new()
+                self.pkts[p].msg = m
+                self.pkts[p].seq = <int32_t>seq
+                self.pkts[p].wire = <int32_t>wire
+                self.pkts[p].payload = <int32_t>payload
+                self.pkts[p].plane = <uint8_t>plane
+                self.pkts[p].uplink = uplink
+                self.pkts[p].iseq = iseq
+                self.pkts[p].in_link = first
+                self.pkts[p].ready = t  # at the L1 chip
+                if tail >= 0:
+                    self.pkts[tail].next = p
+                else:
+                    head = p
+                tail = p
+                if reach < 0 or t < reach:
+                    reach = t
+                continue
+            t = self.path_hops(m, <int32_t>seq, row, first, t, wire, payload, plane, uplink, &ack, 0, 8, 0)
             if t > last:
                 last = t
             t += ack if ack >= 0 else self.ack_trip(m, plane, uplink)
@@ -2520,6 +2571,146 @@ cdef class Engine:
             q.head = (q.head + 1) & (q.cap - 1)
             q.n -= 1
         self.head_ahead(q)
+        if split:
+            return self.tq_add(self.tail_due(head, reach), head, tail)
+        return self.message_absorbed(m, row, shift, ep, iseq, npk, last, acked)
+
+    cdef int64_t tail_due(self, int32_t p, int64_t reach) noexcept nogil:
+        """When the tails of a write to another node whose first links were reserved now (its
+        first packet p; the first of them at its L1 chip at ``reach``) are reserved: the time its
+        packet takes on the two hops a packet within the node does not have (L1 to L2, L2 to L1:
+        serialisation and latency each), from now, rounded up to the event wheel's bucket (the
+        tails due in one are reserved together: one engine event); no later than ``reach``
+        (nothing is reserved on a link before now)."""
+        cdef int32_t m = self.pkts[p].msg
+        cdef int32_t links[4]
+        cdef int64_t row = self.mrow(m), due = self.now, k
+        self.ub_links(self.mt[row].src, self.mt[row].dst, self.pkts[p].plane, self.pkts[p].uplink, links)
+        for k in range(1, 3):
+            due += serialisation_ps(self.pkts[p].wire, self.lk[links[k]].rate) + self.lk[links[k]].lat
+        due = ((due >> BUCKET_BITS) + 1) << BUCKET_BITS
+        return reach if due > reach else due
+
+    cdef int tq_add(self, int64_t due, int32_t head, int32_t last) except -1:
+        """Queue a chain of tails (packets head to last, linked by next) due at ``due``: joined
+        to the last chain if that one is due then too, else in due order, after those due at
+        the same time."""
+        cdef int64_t j, k, k1, mask = self.tq_cap - 1
+        if self.tq_len > 0:
+            k = (self.tq_head + self.tq_len - 1) & mask
+            if self.tq_due[k] == due:
+                self.pkts[self.tq_last[k]].next = head
+                self.tq_last[k] = last
+                return 0
+        if self.tq_len == self.tq_cap:
+            self.tq_grow()
+            mask = self.tq_cap - 1
+        j = self.tq_len  # from the back: they mostly come in order
+        while j > 0 and self.tq_due[(self.tq_head + j - 1) & mask] > due:
+            k = (self.tq_head + j - 1) & mask
+            k1 = (k + 1) & mask
+            self.tq_due[k1] = self.tq_due[k]
+            self.tq_chain[k1] = self.tq_chain[k]
+            self.tq_last[k1] = self.tq_last[k]
+            j -= 1
+        k = (self.tq_head + j) & mask
+        self.tq_due[k] = due
+        self.tq_chain[k] = head
+        self.tq_last[k] = last
+        self.tq_len += 1
+        return 0
+
+    cdef int tq_grow(self) except -1:
+        cdef int64_t cap = 64 if self.tq_cap == 0 else 2 * self.tq_cap, i, k
+        cdef int64_t* due = <int64_t*>malloc(cap * sizeof(int64_t))
+        cdef int32_t* chain = <int32_t*>malloc(cap * sizeof(int32_t))
+        cdef int32_t* last = <int32_t*>malloc(cap * sizeof(int32_t))
+        if due == NULL or chain == NULL or last == NULL:
+            free(due)
+            free(chain)
+            free(last)
+            raise MemoryError("the tails' queue")
+        for i in range(self.tq_len):
+            k = (self.tq_head + i) & (self.tq_cap - 1)
+            due[i] = self.tq_due[k]
+            chain[i] = self.tq_chain[k]
+            last[i] = self.tq_last[k]
+        free(self.tq_due)
+        free(self.tq_chain)
+        free(self.tq_last)
+        self.tq_due = due
+        self.tq_chain = chain
+        self.tq_last = last
+        self.tq_head = 0
+        self.tq_cap = cap
+        return 0
+
+    cdef inline int64_t peek_time(self) except -2:
+        """The time of the next event (INT64_MAX: none), without taking it."""
+        cdef int64_t t = INT64_MAX
+        if self.fifo_len > 0:
+            t = self.fifo[self.fifo_head].time
+        if self.act_head == self.act_len and (self.wheel_count > 0 or self.heap_len > 0):
+            self.refill()
+        if self.act_head < self.act_len and self.act[self.act_head].time < t:
+            t = self.act[self.act_head].time
+        return t
+
+    cdef int run_tails(self) except -1:
+        """Reserve the tails due by the next event, before it: those due at one time together
+        (one event, counted as EV_TAIL), in the order they were queued, then what they schedule
+        for that time."""
+        cdef int64_t t = self.peek_time(), due
+        cdef int32_t p, q, m, nxt
+        while self.tq_len > 0 and self.tq_due[self.tq_head] <= t:
+            due = self.tq_due[self.tq_head]
+            if due > self.now:
+                self.now = due
+                if self.bin_ps > 0 and self.now - self.bin_start >= self.bin_ps:
+                    self.bin_now = self.now // self.bin_ps
+                    self.bin_start = self.bin_now * self.bin_ps
+            self.events += 1
+            self.kind_count[EV_TAIL] += 1
+            while self.tq_len > 0 and self.tq_due[self.tq_head] == due:
+                p = self.tq_chain[self.tq_head]
+                self.tq_head = (self.tq_head + 1) & (self.tq_cap - 1)
+                self.tq_len -= 1
+                while p >= 0:  # message by message
+                    m = self.pkts[p].msg
+                    q = p
+                    while self.pkts[q].next >= 0 and self.pkts[self.pkts[q].next].msg == m:
+                        q = self.pkts[q].next
+                    nxt = self.pkts[q].next
+                    self.pkts[q].next = -1
+                    self.on_tail(p)
+                    p = nxt
+            t = self.peek_time()
+        return 0
+
+    cdef int on_tail(self, int32_t p) except -1:
+        """The tails of the packets of one AIV write message (a chain from p): each reserved
+        from its L1 chip on (path_hops from hop 1, its time in the L1 buffer counted from its start
+        on the link before), then the message absorbed (message_absorbed)."""
+        cdef int32_t m = self.pkts[p].msg, first, nxt, npk = 0
+        cdef int64_t row = self.mrow(m), t, ack, last = -1, acked = -1, ser
+        cdef int32_t ep = self.mt[row].ini, shift = self.segs[self.mseg[m]].shift, iseq = self.pkts[p].iseq
+        while p >= 0:
+            first = self.pkts[p].in_link
+            ser = serialisation_ps(self.pkts[p].wire, self.lk[first].rate)
+            t = self.path_hops(m, self.pkts[p].seq, row, first, self.pkts[p].ready, self.pkts[p].wire,
+                               self.pkts[p].payload, self.pkts[p].plane, self.pkts[p].uplink, &ack, 1, 8,
+                               self.pkts[p].ready - self.lk[first].lat - ser)
+            if t > last:
+                last = t
+            # Its ack's trip: back over the tail's links (path_hops) and the first one.
+            t += ack + self.link_ack_of(first, PATH_UB) if ack >= 0 else self.ack_trip(m, self.pkts[p].plane,
+                                                                                       self.pkts[p].uplink)
+            if t > acked:
+                acked = t
+            npk += 1
+            nxt = self.pkts[p].next
+            self.packet_release(p)
+            p = nxt
         return self.message_absorbed(m, row, shift, ep, iseq, npk, last, acked)
 
     cdef inline void prefetch_paths(self, const Ini* q, int64_t row) noexcept nogil:
@@ -3294,7 +3485,12 @@ cdef class Engine:
         cdef int64_t budget = max_events
         if self.released:
             raise RuntimeError("this engine's run state was released")
-        while self.queued_events() > 0 and budget != 0 and (max_series_rows < 0 or self.series_len <= max_series_rows):
+        while (self.queued_events() > 0 or self.tq_len > 0) and budget != 0 and (
+                max_series_rows < 0 or self.series_len <= max_series_rows):
+            if self.tq_len > 0 and self.tq_due[self.tq_head] <= self.peek_time():
+                self.run_tails()  # those due by the next event, before it
+                if self.queued_events() == 0:
+                    continue
             ev = self.next_event()
             self.now = ev.time
             if self.bin_ps > 0 and self.now - self.bin_start >= self.bin_ps:
@@ -3324,7 +3520,7 @@ cdef class Engine:
                 self.on_hbm_done(ev.a)
             else:
                 self.on_response_inject(ev.a)
-        return self.queued_events() == 0
+        return self.queued_events() == 0 and self.tq_len == 0
 
     cdef inline int64_t queued_events(self) noexcept nogil:
         return self.heap_len + self.fifo_len + self.wheel_count + self.act_len - self.act_head
@@ -3334,11 +3530,12 @@ cdef class Engine:
         """Events handled so far, by handler name (for profiling)."""
         names = {EV_OP_READY: "op_ready", EV_OP_DONE: "op_done", EV_LINK_FREE: "link_free",
                  EV_PKT_ARRIVE: "packet_arrive", EV_SINK_DONE: "sink_done", EV_RESP_INJECT: "response_inject",
-                 EV_WAKE: "wake", EV_FAIL: "fail", EV_RETRANSMIT: "retransmit", EV_HBM_DONE: "hbm_done"}
+                 EV_WAKE: "wake", EV_FAIL: "fail", EV_RETRANSMIT: "retransmit", EV_HBM_DONE: "hbm_done",
+                 EV_TAIL: "tail"}
         return {name: int(self.kind_count[k]) for k, name in names.items() if self.kind_count[k]}
 
     def pending(self):
-        return self.queued_events()
+        return self.queued_events() + self.tq_len
 
     @property
     def link_bytes(self):

@@ -48,9 +48,14 @@ def serialisation_time_ps(nbytes: int, rate_byte_per_s: int) -> int:
 HELD_PORTS = 16
 
 
+# The event wheel's bucket, 2**14 ps (the engine's BUCKET_BITS): the tails of AIV writes across
+# nodes on the message-bp fabric are due at its boundaries (Engine.tail_due).
+TAIL_BUCKET_BITS = 14
+
+
 class _Packet:
     __slots__ = ("ready", "msg", "payload", "wire", "link", "in_link", "hop", "seq", "leg", "ptype", "vl", "plane", "uplink",
-                 "iseq")
+                 "iseq", "held")
 
 
 class Engine:
@@ -209,6 +214,10 @@ class Engine:
         bp = self.lookahead > 0 and getattr(F, "message_backpressure", False)
         self.buf_limit = [c if bp and c < 1 << 50 else None for c in F.link_credit_byte.tolist()]
         self.buf = [[] for _ in range(n_links)]
+        self.split_tails = bp  # an AIV's writes across nodes: first link now, the rest later (Engine.aiv_write)
+        self.tails = []  # heap of (due, seq, packets of one message)
+        self.tail_seq = 0
+        self.tail_msg = {}  # message -> its packets whose first link is reserved, their tails not queued yet
         self.bin_ps = int(bin_ps)
         self.cur_bin = [-1] * n_links
         self.cur_bytes = [0] * n_links
@@ -745,12 +754,14 @@ class Engine:
         self.ep_qtail[ini] = msg
         self.inject(ini)
 
-    def path_reserve(self, p, link, t):
+    def path_reserve(self, p, link, t, hop=0, prev=-1, held=-1):
         pk = self.pkts[p]
         m = pk.msg
         s, d = self.msg_src[m], self.msg_dst[m]
-        hop = 0
-        prev = held = -1
+        if (hop == 0 and self.split_tails and self.ini_tracked[self.msg_ini[m]] and self.msg_path[m] == PATH_UB
+                and not self.links_down and self.ep_node[s] != self.ep_node[d]):
+            self.first_link(p, link, t)
+            return
         while link >= 0:
             ser = serialisation_time_ps(pk.wire, self.link_rate[link])
             t = self.cal_take(link, t, ser, pk.wire)
@@ -768,6 +779,43 @@ class Engine:
             ser = serialisation_time_ps(pk.payload, rate)
             t = self.cal_reserve(len(self.busy_until) + d, t, ser) + ser
         self.write_absorbed(p, t + self.ep_write_lat[d])
+
+    def first_link(self, p, link, t):
+        """Engine.aiv_write with back-pressure, a write to another node: the packet's first link
+        now; its message's tails queued when its last packet's first link is (tail_due)."""
+        pk = self.pkts[p]
+        m = pk.msg
+        ser = serialisation_time_ps(pk.wire, self.link_rate[link])
+        t = self.cal_take(link, t, ser, pk.wire)
+        if self.record_packets:
+            self.recs.append((t - ser, t, m, pk.seq, link, pk.wire, PKT_WRITE))
+        self.packets_sent += 1
+        pk.in_link, pk.held, pk.ready = link, t - ser, t + self.link_lat[link]
+        pkts = self.tail_msg.setdefault(m, [])
+        pkts.append(p)
+        if len(pkts) < self.msg_npkts[m]:
+            return
+        del self.tail_msg[m]
+        first = self.pkts[pkts[0]]
+        due = self.now
+        for hop in (1, 2):
+            k = self.route_link(PATH_UB, self.msg_src[m], self.msg_dst[m], first.plane, first.uplink, hop)
+            due += serialisation_time_ps(first.wire, self.link_rate[k]) + self.link_lat[k]
+        due = ((due >> TAIL_BUCKET_BITS) + 1) << TAIL_BUCKET_BITS
+        due = min(due, min(self.pkts[q].ready for q in pkts))
+        heapq.heappush(self.tails, (due, self.tail_seq, pkts))
+        self.tail_seq += 1
+
+    def run_tails(self, due):
+        """Engine.run_tails: every message's tails due at ``due``, in the order they were queued."""
+        self.now = max(self.now, due)
+        self.events += 1
+        while self.tails and self.tails[0][0] == due:
+            for p in heapq.heappop(self.tails)[2]:
+                pk = self.pkts[p]
+                m = pk.msg
+                link = self.route_link(PATH_UB, self.msg_src[m], self.msg_dst[m], pk.plane, pk.uplink, 1)
+                self.path_reserve(p, link, pk.ready, 1, pk.in_link, pk.held)
 
     def write_absorbed(self, p, t):
         pk = self.pkts[p]
@@ -1151,21 +1199,24 @@ class Engine:
         heap = self.heap
         handlers = self._HANDLERS
         budget = max_events
-        while heap and budget != 0 and (max_series_rows < 0 or len(self.series) <= max_series_rows):
+        while (heap or self.tails) and budget != 0 and (max_series_rows < 0 or len(self.series) <= max_series_rows):
+            if self.tails and (not heap or self.tails[0][0] <= heap[0][0]):
+                self.run_tails(self.tails[0][0])  # before the events at their time
+                continue
             time, _seq, kind, a = heapq.heappop(heap)
             self.now = time
             self.events += 1
             if budget > 0:
                 budget -= 1
             handlers[kind](self, a)
-        return not heap
+        return not heap and not self.tails
 
     def release(self, keep_op_times=False):
         """Engine.release: the reference keeps its state (it is for small runs)."""
 
     @property
     def pending(self):
-        return len(self.heap)
+        return len(self.heap) + len(self.tails)
 
     @property
     def op_start_ps(self):
