@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from cmemu.clihelpers import EXIT_INPUT_ERROR, interrupted_exit, one_line, reports_errors
+from cmemu.clihelpers import EXIT_INPUT_ERROR, CommandLine, interrupted_exit, one_line, reports_errors
 from cmemu.errors import CmemuError
 from cmemu.generators import GENERATORS
 from cmemu.options import DEFAULT_SYSTEM, RUN_OPTIONS
@@ -26,7 +26,7 @@ def _system_options(fn):
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CommandLine, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cmemu")
 def main():
     """cmemu: a cycle-approximate emulator of the Huawei CloudMatrix384 supernode."""

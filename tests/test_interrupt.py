@@ -387,3 +387,68 @@ def test_sigterm_to_a_sweep_prints_one_line(tmp_path):
     assert code == 143, stderr
     assert stderr.splitlines() == ["cmemu: terminated; " + KEPT.format(out=out)], stderr
     assert not [p for p in out.rglob(".*")], "a temporary file was left"
+
+
+# -- where CPython or click would take the interrupt for their own ---------------------------------
+
+DRIVER = """\
+import os, signal, sys
+
+import cmemu.run.pipeline
+from cmemu.cli import main
+
+real = cmemu.run.pipeline.check_invariants
+
+
+def interrupt_in_a_string_exec(*args, **kwargs):
+    # As dataclasses and namedtuple do while a module imports: the handler runs in the exec'd code.
+    exec("os.kill(os.getpid(), signal.SIG{sig})", {{"os": os, "signal": signal}})
+    return real(*args, **kwargs)
+
+
+cmemu.run.pipeline.check_invariants = interrupt_in_a_string_exec
+main()
+"""
+
+
+@pytest.mark.parametrize("sig, code, line", [("INT", 130, INTERRUPTED), ("TERM", 143, TERMINATED)])
+def test_an_interrupt_that_ends_a_string_exec_still_exits_130(sig, code, line, tmp_path):
+    # Before, a Ctrl-C that landed in a string exec (a dataclass being made as `cmemu run` imports
+    # the pipeline) printed the line and exit status 130 was set, but CPython had marked the
+    # KeyboardInterrupt as unhandled, and `python -m` killed itself with SIGINT after the exit (-2).
+    (tmp_path / "drive_cmemu.py").write_text(DRIVER.format(sig=sig))
+    out = tmp_path / "out" / "tiny.h5"
+    out.parent.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "drive_cmemu", "run", str(_tiny_trace(tmp_path)), "-o", str(out),
+                           "--quiet"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert proc.stderr.splitlines() == [line]
+    assert os.listdir(out.parent) == []
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_an_interrupt_before_the_command_runs_is_one_line(signum, code, line, tmp_path, monkeypatch):
+    # Before, a Ctrl-C as the command line's group set itself up (outside the command's
+    # reports_errors) was click's "Aborted!" and exit status 1; a SIGTERM there killed the process.
+    import cmemu.kernels
+
+    calls = _signal_on_call(monkeypatch, cmemu.kernels, "tell_compiles", signum)
+    out = tmp_path / "out" / "tiny.h5"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out), "--quiet"])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and calls
+    assert os.listdir(out.parent) == []
+
+
+def test_an_interrupt_while_the_folder_is_probed_leaves_no_probe(tmp_path, monkeypatch):
+    # Before, a Ctrl-C between the probe file's creation and its removal left it in the folder.
+    import cmemu.output.atomic as atomic
+
+    calls = _signal_on_call(monkeypatch, atomic.os, "close", signal.SIGINT)  # the probe's
+    with pytest.raises(KeyboardInterrupt):
+        atomic.check_output(tmp_path / "out.h5")
+    monkeypatch.undo()
+    assert calls and os.listdir(tmp_path) == []

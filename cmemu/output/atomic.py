@@ -8,7 +8,8 @@ Every command that writes a user-named file goes through here: ``run``'s HDF5 ti
   is a regular file or does not exist yet (a folder, device file, FIFO or socket is refused, and
   so is a symbolic link: cmemu neither writes through a link nor replaces one, since either may
   be what someone who planted it wants); and its folder exists and takes a new file (a probe file
-  is created there and removed at once, which also catches a read-only file system).
+  is created there and removed at once, interrupts held off meanwhile, which also catches a
+  read-only file system).
 - While writing (``atomic_path``, ``atomic_open``, ``atomic_files``): the data goes to a new file
   in the target's folder with a random name (``.NAME.tmp-`` and 16 hex digits), created
   exclusively (``O_CREAT | O_EXCL``, which never opens a file or link planted at that name;
@@ -137,13 +138,14 @@ def _check_folder(folder: Path, target) -> None:
     if not folder.is_dir():
         raise OutputError(f"cannot write {target}: {folder} is not a folder")
     probe = folder / f".cmemu-probe{_TMP_TAG}{secrets.token_hex(8)}"
-    try:
-        fd = os.open(probe, _CREATE_FLAGS, 0o600)
-    except OSError as exc:
-        raise OutputError(f"cannot write {target}: {_reason(exc)} (the folder {folder})") from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
+    with signals_deferred():  # an interrupt between the creation and the removal left the probe
+        try:
+            fd = os.open(probe, _CREATE_FLAGS, 0o600)
+        except OSError as exc:
+            raise OutputError(f"cannot write {target}: {_reason(exc)} (the folder {folder})") from None
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
 
 
 def check_output(path, inputs=()) -> Path:
