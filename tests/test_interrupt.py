@@ -124,6 +124,17 @@ def _tiny_trace(tmp_path):
     return path
 
 
+def _tiny_run_ends_in(tmp_path, code, line, calls):
+    """`cmemu run` of the tiny trace, in process, where an interrupt was placed (``calls``: the
+    calls it was placed in): the one line, the exit status ``code``, and no file left."""
+    out = tmp_path / "out" / "tiny.h5"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out), "--quiet"])
+    assert result.exit_code == code, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line] and calls
+    assert os.listdir(out.parent) == []
+
+
 def test_interrupt_between_engine_slices_in_process(tmp_path, monkeypatch):
     import cmemu.run.pipeline
     import cmemu.run.progress
@@ -260,12 +271,7 @@ def test_signal_while_writing_the_timeline(signum, code, line, tmp_path, monkeyp
     import cmemu.output.hdf5 as hdf5
 
     calls = _signal_on_call(monkeypatch, hdf5, "_write_hbm", signum)  # the last group written
-    out = tmp_path / "out" / "tiny.h5"
-    out.parent.mkdir()
-    result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out), "--quiet"])
-    assert result.exit_code == code, (result.output, result.exception)
-    assert result.stderr.splitlines() == [line] and calls
-    assert os.listdir(out.parent) == []
+    _tiny_run_ends_in(tmp_path, code, line, calls)
 
 
 @pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
@@ -435,12 +441,7 @@ def test_an_interrupt_before_the_command_runs_is_one_line(signum, code, line, tm
     import cmemu.kernels
 
     calls = _signal_on_call(monkeypatch, cmemu.kernels, "tell_compiles", signum)
-    out = tmp_path / "out" / "tiny.h5"
-    out.parent.mkdir()
-    result = CliRunner().invoke(main, ["run", str(_tiny_trace(tmp_path)), "-o", str(out), "--quiet"])
-    assert result.exit_code == code, (result.output, result.exception)
-    assert result.stderr.splitlines() == [line] and calls
-    assert os.listdir(out.parent) == []
+    _tiny_run_ends_in(tmp_path, code, line, calls)
 
 
 def test_an_interrupt_while_the_folder_is_probed_leaves_no_probe(tmp_path, monkeypatch):
