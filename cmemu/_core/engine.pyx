@@ -2656,12 +2656,12 @@ cdef class Engine:
             t = self.act[self.act_head].time
         return t
 
-    cdef int run_tails(self) except -1:
-        """Reserve the tails due by the next event, before it: those due at one time together
-        (one event, counted as EV_TAIL), in the order they were queued, then what they schedule
-        for that time."""
-        cdef int64_t t = self.peek_time(), due
-        cdef int32_t p, q, m, nxt
+    cdef int run_tails(self, int64_t t) except -1:
+        """Reserve the tails due by the next event (at t, peek_time), before it: those due at one
+        time together (one event, counted as EV_TAIL), in the order they were queued, then what
+        they schedule for that time."""
+        cdef int64_t due
+        cdef int32_t p
         while self.tq_len > 0 and self.tq_due[self.tq_head] <= t:
             due = self.tq_due[self.tq_head]
             if due > self.now:
@@ -2676,25 +2676,19 @@ cdef class Engine:
                 self.tq_head = (self.tq_head + 1) & (self.tq_cap - 1)
                 self.tq_len -= 1
                 while p >= 0:  # message by message
-                    m = self.pkts[p].msg
-                    q = p
-                    while self.pkts[q].next >= 0 and self.pkts[self.pkts[q].next].msg == m:
-                        q = self.pkts[q].next
-                    nxt = self.pkts[q].next
-                    self.pkts[q].next = -1
-                    self.on_tail(p)
-                    p = nxt
+                    p = self.on_tail(p)
             t = self.peek_time()
         return 0
 
-    cdef int on_tail(self, int32_t p) except -1:
-        """The tails of the packets of one AIV write message (a chain from p): each reserved
-        from its L1 chip on (path_hops from hop 1, its time in the L1 buffer counted from its start
-        on the link before), then the message absorbed (message_absorbed)."""
+    cdef int32_t on_tail(self, int32_t p) except -2:
+        """The tails of the packets of one AIV write message (those of the chain from p that are
+        its): each reserved from its L1 chip on (path_hops from hop 1, its time in the L1 buffer
+        counted from its start on the link before), then the message absorbed
+        (message_absorbed). Returns the chain's next packet, another message's (-1: none)."""
         cdef int32_t m = self.pkts[p].msg, first, nxt, npk = 0
         cdef int64_t row = self.mrow(m), t, ack, last = -1, acked = -1, ser
         cdef int32_t ep = self.mt[row].ini, shift = self.segs[self.mseg[m]].shift, iseq = self.pkts[p].iseq
-        while p >= 0:
+        while p >= 0 and self.pkts[p].msg == m:
             first = self.pkts[p].in_link
             ser = serialisation_ps(self.pkts[p].wire, self.lk[first].rate)
             t = self.path_hops(m, self.pkts[p].seq, row, first, self.pkts[p].ready, self.pkts[p].wire,
@@ -2711,7 +2705,8 @@ cdef class Engine:
             nxt = self.pkts[p].next
             self.packet_release(p)
             p = nxt
-        return self.message_absorbed(m, row, shift, ep, iseq, npk, last, acked)
+        self.message_absorbed(m, row, shift, ep, iseq, npk, last, acked)
+        return p
 
     cdef inline void prefetch_paths(self, const Ini* q, int64_t row) noexcept nogil:
         """The links of the UB paths the packets of q's message (table row ``row``) will take,
@@ -3483,14 +3478,17 @@ cdef class Engine:
         """
         cdef Event ev
         cdef int64_t budget = max_events
+        cdef int64_t t
         if self.released:
             raise RuntimeError("this engine's run state was released")
         while (self.queued_events() > 0 or self.tq_len > 0) and budget != 0 and (
                 max_series_rows < 0 or self.series_len <= max_series_rows):
-            if self.tq_len > 0 and self.tq_due[self.tq_head] <= self.peek_time():
-                self.run_tails()  # those due by the next event, before it
-                if self.queued_events() == 0:
-                    continue
+            if self.tq_len > 0:
+                t = self.peek_time()
+                if self.tq_due[self.tq_head] <= t:
+                    self.run_tails(t)  # those due by the next event, before it
+                    if self.queued_events() == 0:
+                        continue
             ev = self.next_event()
             self.now = ev.time
             if self.bin_ps > 0 and self.now - self.bin_start >= self.bin_ps:
