@@ -217,7 +217,7 @@ class Engine:
         self.split_tails = bp  # an AIV's writes across nodes: first link now, the rest later (Engine.aiv_write)
         self.tails = []  # heap of (due, seq, packets of one message)
         self.tail_seq = 0
-        self.tail_msg = {}  # message -> its packets whose first link is reserved, their tails not queued yet
+        self.tail_msg = {}  # message -> its packets whose first link is reserved, their tails not queued yet (queue_tails)
         self.bin_ps = int(bin_ps)
         self.cur_bin = [-1] * n_links
         self.cur_bytes = [0] * n_links
@@ -758,10 +758,10 @@ class Engine:
         pk = self.pkts[p]
         m = pk.msg
         s, d = self.msg_src[m], self.msg_dst[m]
-        if (hop == 0 and self.split_tails and self.ini_tracked[self.msg_ini[m]] and self.msg_path[m] == PATH_UB
-                and not self.links_down and self.ep_node[s] != self.ep_node[d]):
-            self.first_link(p, link, t)
-            return
+        # Engine.aiv_write with back-pressure: an AIV's write to another node has its first link
+        # reserved now, its tail later (queue_tails).
+        split = (hop == 0 and self.split_tails and self.ini_tracked[self.msg_ini[m]] and self.msg_path[m] == PATH_UB
+                 and not self.links_down and self.ep_node[s] != self.ep_node[d])
         while link >= 0:
             ser = serialisation_time_ps(pk.wire, self.link_rate[link])
             t = self.cal_take(link, t, ser, pk.wire)
@@ -772,6 +772,10 @@ class Engine:
                 self.recs.append((t - ser, t, m, pk.seq, link, pk.wire, PKT_WRITE))
             self.packets_sent += 1
             t += self.link_lat[link]
+            if split:
+                pk.in_link, pk.held, pk.ready = link, held, t
+                self.queue_tails(p)
+                return
             hop += 1
             link = self.route_link(self.msg_path[m], s, d, pk.plane, pk.uplink, hop)
         rate = self.ep_sink_rate[d]
@@ -780,17 +784,11 @@ class Engine:
             t = self.cal_reserve(len(self.busy_until) + d, t, ser) + ser
         self.write_absorbed(p, t + self.ep_write_lat[d])
 
-    def first_link(self, p, link, t):
-        """Engine.aiv_write with back-pressure, a write to another node: the packet's first link
-        now; its message's tails queued when its last packet's first link is (tail_due)."""
-        pk = self.pkts[p]
-        m = pk.msg
-        ser = serialisation_time_ps(pk.wire, self.link_rate[link])
-        t = self.cal_take(link, t, ser, pk.wire)
-        if self.record_packets:
-            self.recs.append((t - ser, t, m, pk.seq, link, pk.wire, PKT_WRITE))
-        self.packets_sent += 1
-        pk.in_link, pk.held, pk.ready = link, t - ser, t + self.link_lat[link]
+    def queue_tails(self, p):
+        """Engine.tail_due and tq_add: once the last packet of p's message has its first link
+        reserved, the message's tails are queued, due the time of the hops L1 -> L2 -> L1 from
+        now, rounded up to the wheel's bucket, no later than its first packet at its L1 chip."""
+        m = self.pkts[p].msg
         pkts = self.tail_msg.setdefault(m, [])
         pkts.append(p)
         if len(pkts) < self.msg_npkts[m]:
