@@ -97,7 +97,7 @@ setup(
         "chakra": ["mlc-chakra>=1.0"],  # cmemu trace import/export chakra: Chakra's protobuf schema
         "test": ["pytest>=8", "pytest-benchmark>=4", "jsonschema>=4.20", "hypothesis>=6.100"],
     },
-    entry_points={"console_scripts": ["cmemu=cmemu.cli:main"]},
+    entry_points={"console_scripts": ["cmemu=cmemu.__main__:main"]},
     zip_safe=False,
     cmdclass=cmdclass,
 )

@@ -453,3 +453,29 @@ def test_an_interrupt_while_the_folder_is_probed_leaves_no_probe(tmp_path, monke
         atomic.check_output(tmp_path / "out.h5")
     monkeypatch.undo()
     assert calls and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
+                                                (signal.SIGTERM, 143, TERMINATED)])
+def test_a_signal_while_the_command_line_imports_is_one_line(signum, code, line):
+    # The cmemu command (cmemu.__main__) puts its handler in place before it imports the command
+    # line (about 0.1 s): a signal then ends it with the CLI's line and status, where Python's
+    # own handler printed a traceback and the process died by SIGINT.
+    script = ("import os, time, cmemu.__main__ as entry; entry._install(); "
+              f"os.kill(os.getpid(), {int(signum)}); time.sleep(30)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert proc.stderr.splitlines() == [line]
+
+
+def test_the_command_hands_the_signals_back_before_the_command_line_runs(monkeypatch):
+    # Once the command line is imported, the handlers are those from before (the command line's
+    # own take over as it starts: CommandLine), and `python -m cmemu` is the command line.
+    import cmemu.__main__ as entry
+    import cmemu.cli
+
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    monkeypatch.setattr(cmemu.cli, "main", lambda: (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
+    assert entry.main() == before
+    proc = subprocess.run([sys.executable, "-m", "cmemu", "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "version" in proc.stdout
