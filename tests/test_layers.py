@@ -21,7 +21,7 @@ LAYERS = ("base", "spec", "topology", "workload", "trace", "die", "lower", "core
 # cmemu.X -> its layer, for the top-level modules and packages whose name is not their layer's.
 LAYER_OF = {"cmemu": "base", "errors": "base", "units": "base", "vocab": "base", "kernels": "base", "_core": "core",
             "faults": "topology", "ems": "topology", "fabric": "topology", "models": "workload", "clihelpers": "run",
-            "options": "run", "generators": "run", "importers": "run"}
+            "options": "run", "generators": "run", "importers": "run", "__main__": "cli"}
 PACKAGE = REPO / "cmemu"
 
 
