@@ -11,8 +11,10 @@ import os
 import signal
 import sys
 
-# Exit statuses as the CLI's (cmemu.clihelpers.EXIT_INTERRUPTED, EXIT_TERMINATED), and its words.
-_STOPS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+from cmemu.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
+
+# The CLI's exit statuses and words (cmemu.clihelpers.interrupted_exit).
+_STOPS = {signal.SIGINT: (EXIT_INTERRUPTED, "interrupted"), signal.SIGTERM: (EXIT_TERMINATED, "terminated")}
 
 
 def _stop(signum, frame):

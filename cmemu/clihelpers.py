@@ -12,12 +12,8 @@ import threading
 
 import click
 
-from cmemu.errors import CmemuError
+from cmemu.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, CmemuError
 from cmemu.output.atomic import COMMITTED, INTERRUPTS
-
-EXIT_INPUT_ERROR = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report a command stopped by kill or timeout
 
 
 class Terminated(KeyboardInterrupt):

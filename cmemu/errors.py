@@ -1,5 +1,10 @@
 """Errors a user can act on. The CLI turns each into one line and exit status 2."""
 
+# The command's exit statuses (cmemu.clihelpers; cmemu.__main__, which runs before click loads).
+EXIT_INPUT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report a command stopped by kill or timeout
+
 
 class CmemuError(Exception):
     """Base class for every error cmemu reports to a user."""
