@@ -293,6 +293,8 @@ cdef enum:
     WHEEL_SIZE = 1 << 14
     WHEEL_MASK = (1 << 14) - 1
     WHEEL_KEEP = 64  # events a drained bucket keeps room for
+    SPARE_MAX = 64  # the larger rooms (up to SPARE_CAP events) kept for the next buckets that fill
+    SPARE_CAP = 4096
     SORT_SMALL = 16  # a bucket of at most this many events is sorted by insertion, not radix
     SORT_TMP_KEEP = 1 << 16  # events the radix sort's scratch keeps room for
     PREFETCH_OP = 16  # how far ahead in the sorted list an op end's line is asked for
@@ -344,6 +346,9 @@ cdef class Engine:
     cdef Event* fifo
     cdef int64_t fifo_head, fifo_len, fifo_cap
     cdef Bucket* wheel
+    cdef Event* spare_ev[SPARE_MAX]  # rooms of drained buckets, for the next to fill (bucket_grow)
+    cdef int64_t spare_cap[SPARE_MAX]
+    cdef int spare_n
     cdef int64_t wheel_count, cur
     cdef Event* act
     cdef int64_t act_head, act_len, act_cap
@@ -857,6 +862,9 @@ cdef class Engine:
             for i in range(WHEEL_SIZE):
                 free(self.wheel[i].ev)
             free(self.wheel)
+        for i in range(self.spare_n):
+            free(self.spare_ev[i])
+        self.spare_n = 0
         free(self.act)
         free(self.sort_tmp)
         free(self.pkts)
@@ -906,6 +914,9 @@ cdef class Engine:
             free(self.wheel[i].ev)
             self.wheel[i].ev = NULL
             self.wheel[i].n = self.wheel[i].cap = 0
+        for i in range(self.spare_n):
+            free(self.spare_ev[i])
+        self.spare_n = 0
         free(self.heap)
         free(self.fifo)
         free(self.act)
@@ -979,9 +990,15 @@ cdef class Engine:
         return 0
 
     cdef int bucket_grow(self, Bucket* bk) except -1:
-        """Room for one more event in a full wheel bucket."""
+        """Room for one more event in a full wheel bucket (an empty one takes the room a bucket
+        drained last gave back, if any: no reallocation, and memory still in cache)."""
         cdef Event* grown
         cdef int64_t cap = 16 if bk.cap == 0 else 2 * bk.cap
+        if bk.cap == 0 and self.spare_n > 0:
+            self.spare_n -= 1
+            bk.ev = self.spare_ev[self.spare_n]
+            bk.cap = self.spare_cap[self.spare_n]
+            return 0
         grown = <Event*>realloc(bk.ev, cap * sizeof(Event))
         if grown == NULL:
             raise MemoryError("event wheel")
@@ -1056,8 +1073,14 @@ cdef class Engine:
                 bk.n = 0
                 if bk.cap > WHEEL_KEEP:
                     # A burst made it big: give the room back (16 K buckets each keeping their
-                    # largest burst would hold hundreds of MB for nothing).
-                    free(bk.ev)
+                    # largest burst would hold hundreds of MB for nothing), to the next bucket
+                    # to fill (spare_ev) if it is not too big and there is room among them.
+                    if bk.cap <= SPARE_CAP and self.spare_n < SPARE_MAX:
+                        self.spare_ev[self.spare_n] = bk.ev
+                        self.spare_cap[self.spare_n] = bk.cap
+                        self.spare_n += 1
+                    else:
+                        free(bk.ev)
                     bk.ev = NULL
                     bk.cap = 0
             while self.heap_len > 0 and (self.heap[0].time >> BUCKET_BITS) == self.cur:
