@@ -10,7 +10,8 @@ child process, wall time from its start to its exit, peak resident memory its ow
 By default this runs the step cut to 4 and to 5 layers (3 dense + 1 or 2 MoE layers), which
 differ by one MoE layer, and reports what one MoE layer costs and the whole step extrapolated
 from it (3 dense + 58 MoE layers). With CMEMU_BENCH_FULL_STEP=1 it also runs the whole step both
-ways and reports it as measured (see the README for today's figures).
+ways and reports it as measured, and the scenario's whole step on the two other fabric models
+too: message-bp, and the packet model, the reference (see the README for today's figures).
 
 Gated: the cost per event of the 5-layer run against the 4-layer one (a run must not slow down
 as it grows), and the scenario's 5-layer TTFT against the run's simulated time (the same step).
@@ -32,8 +33,8 @@ def _run(tmp_path, layers):
     return {**run_figures(out), "wall_s": wall, "peak_gb": peak}
 
 
-def _scenario(tmp_path, layers):
-    out, wall, peak = timed_cli(["scenario", "run", "prefill", "--layers", layers, "--fabric", "message", "--json"],
+def _scenario(tmp_path, layers, fabric="message"):
+    out, wall, peak = timed_cli(["scenario", "run", "prefill", "--layers", layers, "--fabric", fabric, "--json"],
                                 tmp_path)
     (step,) = json.loads(out)["tables"]["prefill step"]
     return {"ttft_ms": step["ttft_ms"], "wall_s": wall, "peak_gb": peak}
@@ -70,5 +71,11 @@ def test_prefill_step_full(tmp_path):
           f"{full['peak_gb']:.2f} GB with the HDF5 written; the scenario end to end {scenario['wall_s']:.1f} s, peak "
           f"{scenario['peak_gb']:.2f} GB (budget {BUDGET_S:.0f} s, {BUDGET_GB:.0f} GB); TTFT {scenario['ttft_ms']:,.3f} "
           f"ms, simulated {full['sim_us']:,.1f} us")
+    for fabric in ("message-bp", "packet"):
+        other = _scenario(tmp_path, LAYERS, fabric)
+        print(f"the scenario on --fabric {fabric}: {other['wall_s']:.1f} s, peak {other['peak_gb']:.2f} GB; TTFT "
+              f"{other['ttft_ms']:,.3f} ms ({(other['ttft_ms'] / scenario['ttft_ms'] - 1) * 100:+.1f}% against "
+              f"message)")
+        assert other["ttft_ms"] > 0
     assert full["events"] > 0
     assert abs(scenario["ttft_ms"] - full["sim_us"] / 1e3) <= 1e-3

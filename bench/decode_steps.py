@@ -1,8 +1,9 @@
 """What the benches share: generating the DeepSeek-R1 decode and prefill steps on cloudmatrix384."""
+import os
 import re
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 CLI = "from cmemu.cli import main; main()"
@@ -23,15 +24,20 @@ def decode_trace(folder, layers: int, phase: str = "decode"):
 
 def timed_cli(args, cwd):
     """Run `cmemu ARGS` in a child process from ``cwd``: (stdout, wall s from its start to its
-    exit, its peak resident memory in GB). ru_maxrss of children is the largest child so far:
-    only a new maximum is this run's (NaN otherwise)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd)
-    elapsed = time.perf_counter() - start
-    assert done.returncode == 0, done.stderr[-2000:]
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return done.stdout, elapsed, peak_kib * 1024 / 1e9 if peak_kib > before else float("nan")
+    exit, its own peak resident memory in GB: wait4's, the child's alone, so that a run after a
+    bigger one has its own figure)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-c", CLI, *map(str, args)], stdout=out, stderr=err, text=True,
+                                 cwd=cwd)
+        _, status, usage = os.wait4(child.pid, 0)
+        elapsed = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert child.returncode == 0, stderr[-2000:]
+    return stdout, elapsed, usage.ru_maxrss * 1024 / 1e9  # (ru_maxrss: KiB on Linux)
 
 
 def run_figures(out: str) -> dict:
