@@ -512,6 +512,7 @@ cdef class Engine:
     cdef int32_t* tq_last
     cdef int64_t tq_head, tq_len, tq_cap
     cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
+    cdef int64_t tx_wire, tx_rate, tx_ser  # and try_transmit (packets are of few sizes, links of few rates)
     cdef int64_t ack_rate, ack_path, ack_ps  # and the last ack's
 
     def __cinit__(self):
@@ -1957,7 +1958,7 @@ cdef class Engine:
         """Start the next packet on an idle link: round robin over its non-empty VOQs whose
         head packet fits in the receiver's credits. (On the message-level fabric, writes held
         at their port by the horizon go first: held_writes.)"""
-        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1, arrive
+        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1, arrive, rr
         cdef int32_t p = -1, prev, vl, nxt, s, d
         if self.lk[link].queued == 0 or not self.lk[link].alive:
             return 0
@@ -1973,11 +1974,15 @@ cdef class Engine:
         # Round robin from rr over the non-empty VOQs (set bits of the link's mask), taking the
         # first whose head packet fits the receiver's credits.
         scanned = 0
+        rr = self.lk[link].rr  # (in [0, n): the wraps below are one subtraction, not a division)
         while scanned < n:
-            pos = self.next_voq(link, (self.lk[link].rr + scanned) % n, n)
+            k = rr + scanned
+            pos = self.next_voq(link, k - n if k >= n else k, n)
             if pos < 0:
                 break
-            k = (pos - self.lk[link].rr + n) % n  # distance from rr in round-robin order
+            k = pos - rr + n  # distance from rr in round-robin order
+            if k >= n:
+                k -= n
             if k < scanned:
                 break  # wrapped all the way round
             q = base + pos
@@ -1997,7 +2002,11 @@ cdef class Engine:
             if wake >= 0:
                 self.wake_link(link, wake)
             return 0
-        ser = serialisation_ps(self.pkts[p].wire, self.lk[link].rate)
+        if self.pkts[p].wire != self.tx_wire or self.lk[link].rate != self.tx_rate:  # (a division saved)
+            self.tx_wire = self.pkts[p].wire
+            self.tx_rate = self.lk[link].rate
+            self.tx_ser = serialisation_ps(self.tx_wire, self.tx_rate)
+        ser = self.tx_ser
         if self.lookahead > 0:
             # Message-level fabric: the link is busy when its calendar says so (writes reserved
             # ahead, packets sent); the packet goes in the first idle stretch that holds it.
@@ -2014,7 +2023,7 @@ cdef class Engine:
             # fetched now, a packet time ahead.
             cm_prefetch(&self.pkts[self.voq_head[q]])
         self.lk[link].queued -= 1
-        self.lk[link].rr = <int32_t>((pos + 1) % n)
+        self.lk[link].rr = <int32_t>(pos + 1 if pos + 1 < n else 0)
         vl = self.pkts[p].vl
         self.credits[link * NUM_VLS + vl] -= self.pkts[p].wire
         if self.lookahead > 0:
