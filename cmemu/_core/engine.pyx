@@ -512,7 +512,6 @@ cdef class Engine:
     cdef int32_t* tq_last
     cdef int64_t tq_head, tq_len, tq_cap
     cdef int64_t ser_wire, ser_rate, ser_ps  # the last serialisation path_reserve worked out
-    cdef int64_t tx_wire, tx_rate, tx_ser  # and try_transmit (packets are of few sizes, links of few rates)
     cdef int64_t ack_rate, ack_path, ack_ps  # and the last ack's
 
     def __cinit__(self):
@@ -863,9 +862,7 @@ cdef class Engine:
             for i in range(WHEEL_SIZE):
                 free(self.wheel[i].ev)
             free(self.wheel)
-        for i in range(self.spare_n):
-            free(self.spare_ev[i])
-        self.spare_n = 0
+        self.spares_free()
         free(self.act)
         free(self.sort_tmp)
         free(self.pkts)
@@ -915,9 +912,7 @@ cdef class Engine:
             free(self.wheel[i].ev)
             self.wheel[i].ev = NULL
             self.wheel[i].n = self.wheel[i].cap = 0
-        for i in range(self.spare_n):
-            free(self.spare_ev[i])
-        self.spare_n = 0
+        self.spares_free()
         free(self.heap)
         free(self.fifo)
         free(self.act)
@@ -989,6 +984,13 @@ cdef class Engine:
         if total > self.max_pending:
             self.max_pending = total
         return 0
+
+    cdef void spares_free(self) noexcept nogil:
+        """Give the drained buckets' rooms kept for the next to fill (spare_ev) back."""
+        cdef int i
+        for i in range(self.spare_n):
+            free(self.spare_ev[i])
+        self.spare_n = 0
 
     cdef int bucket_grow(self, Bucket* bk) except -1:
         """Room for one more event in a full wheel bucket (an empty one takes the room a bucket
@@ -2002,11 +2004,7 @@ cdef class Engine:
             if wake >= 0:
                 self.wake_link(link, wake)
             return 0
-        if self.pkts[p].wire != self.tx_wire or self.lk[link].rate != self.tx_rate:  # (a division saved)
-            self.tx_wire = self.pkts[p].wire
-            self.tx_rate = self.lk[link].rate
-            self.tx_ser = serialisation_ps(self.tx_wire, self.tx_rate)
-        ser = self.tx_ser
+        ser = serialisation_ps(self.pkts[p].wire, self.lk[link].rate)
         if self.lookahead > 0:
             # Message-level fabric: the link is busy when its calendar says so (writes reserved
             # ahead, packets sent); the packet goes in the first idle stretch that holds it.

@@ -199,8 +199,9 @@ def kv_arrivals(doc, result) -> list[dict]:
 @click.option("--layers", type=click.IntRange(min=1), default=None,
               help="Layers to simulate (fewer than the model's: TTFT and tokens/s are also extrapolated to all of "
                    "them; DeepSeek-R1's whole step, 61, takes 20-25 s with --fabric message, about 30 s with --fabric "
-                   "message-bp, closer to the packet model under incast, and about 45 s on the packet model) [default: 2; 3 "
-                   "with an EMS fetch, whose wait is in layer 0, so that a dense layer's time is layer 1's].")
+                   "message-bp, closer to the packet model under incast, and about 45 s on the packet model) "
+                   "[default: 2; 3 with an EMS fetch, whose wait is in layer 0, so that a dense layer's time is layer "
+                   "1's].")
 def command(spec, model_name, ep, prompt_len, requests, attn_tp, micro_batches, int8, reuse, ems_plane, pool_nodes,
             ems_fetch, kv_transfer, decode_dp, dispatch_engine, skew, fabric, max_memory, layers):
     """A prefill step (DeepSeek-R1 in CloudMatrix-Infer: EP32, SP -> TP -> SP attention; or
