@@ -64,7 +64,7 @@ def test_the_descriptions_read_the_configs_right():
 def test_models_command_prints_the_counts():
     r = CliRunner().invoke(main, ["models", "--json"])
     assert r.exit_code == 0, r.output
-    rows = {m["name"]: m for m in json.loads(r.output)["models"]}
+    rows = {m["name"]: m for m in json.loads(r.stdout)["models"]}
     assert set(rows) == set(shipped_models())
     assert rows["deepseek-r1"]["params"] == load_model("deepseek-r1").params()
     assert rows["qwen3-30b-a3b"]["card_total_params"] == "30.5B"

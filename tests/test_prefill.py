@@ -254,7 +254,7 @@ def test_scenario_command_prints_figures_with_units():
     res = CliRunner().invoke(main, ["scenario", "run", "prefill", "-s", "mini", "--ep", "8", "--attn-tp", "4",
                                     "--requests", "4", "--prompt-len", "256", "--reuse", "0.5", "--json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)  # (a first compile's notice goes to stderr)
     row = doc["tables"]["prefill step"][0]
     for key in ("ttft_ms", "moe_layer_time_us", "dense_layer_time_us", "tokens_per_s_per_npu", "exposed_comm_us",
                 "ttft_61_layers_extrapolated_ms", "tokens_per_s_per_npu_61_layers_extrapolated", "ems_prefix_in_hbm_ms"):

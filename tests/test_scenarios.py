@@ -41,7 +41,7 @@ def test_every_scenario_has_small_options():
 def test_scenario_runs_and_prints_json(name):
     res = CliRunner().invoke(main, ["scenario", "run", name, *SMALL[name], "--json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)  # (a first compile's notice goes to stderr)
     assert doc["scenario"] == name and doc["system"]
     tables = doc.get("tables") or {"": doc["rows"]}
     rows = [r for t in tables.values() for r in t]
