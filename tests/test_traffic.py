@@ -74,8 +74,10 @@ def test_accepted_equals_offered_below_saturation():
 
 def test_incast_saturates_at_the_receivers_port():
     """8 dies into die 0's one port (one sub-plane): the port takes 1/8 of each sender's rate."""
-    params, tables = run_scenario("traffic", "mini", pattern="incast", loads="0.05,0.5", fabric="both")
-    for model in ("packet", "message"):
+    params, tables = run_scenario("traffic", "mini", pattern="incast", loads="0.05,0.5",
+                                  fabric="packet,message,message-bp")
+    assert [r["fabric"] for r in tables["latency-load"]] == ["packet"] * 2 + ["message"] * 2 + ["message-bp"] * 2
+    for model in ("packet", "message", "message-bp"):
         low, high = [r for r in tables["latency-load"] if r["fabric"] == model]
         assert not low["saturated"] and high["saturated"]
         assert abs(high["accepted_load_percent"] - 100 / 8) <= 0.3
@@ -94,7 +96,8 @@ def test_bad_options_are_one_line():
     runner = CliRunner()
     for args, text in ((["--packet-size", "8K"], "more than the transport MTU"), (["--load", "0,1"], "in (0, 1]"),
                        (["--load", "x"], "fractions of the line rate"), (["--dies", "64"], "has 32"),
-                       (["--pattern", "incast", "--incast-senders", "31"], "--incast-senders must be 1 to 30")):
+                       (["--pattern", "incast", "--incast-senders", "31"], "--incast-senders must be 1 to 30"),
+                       (["--fabric", "packet,fluid"], "'fluid' is not one of packet, message, message-bp or both")):
         res = runner.invoke(main, ["scenario", "run", "traffic", "-s", "mini", *args])
         assert res.exit_code == 2 and text in res.output, (args, res.output)
 

@@ -28,9 +28,9 @@ the window: their data in the target's memory), the mean and 99th percentile of 
 the packets created in the window (creation to delivery: the source queue, the initiator's
 start-up, the hops and the target's memory write), and whether the point is saturated:
 accepted below SATURATED_SHARE of offered; and the packets, packet-hops (a data packet crossing
-one link) and events simulated. Both fabric models
-(``--fabric both``): the packet model, with credit flow control, and the message-level one
-(docs/model.md).
+one link) and events simulated. Any of the fabric models, on the same packets (``--fabric
+packet,message,message-bp``; ``both``: packet and message): the packet model, with credit flow
+control, the message-level one, and the message-level one with back-pressure (docs/model.md).
 """
 from __future__ import annotations
 
@@ -230,6 +230,22 @@ def parse_loads(text: str) -> list[float]:
     return out
 
 
+def parse_fabrics(text: str) -> tuple[str, ...]:
+    """``--fabric``: fabric models, comma-separated, in the order given, each once (``both``:
+    packet and message)."""
+    from cmemu.fabric import FABRIC_MODELS
+
+    out = []
+    for part in str(text).split(","):
+        name = part.strip()
+        for model in (("packet", "message") if name == "both" else (name,)):
+            if model not in FABRIC_MODELS:
+                raise CmemuError(f"--fabric: {name[:40]!r} is not one of {', '.join(FABRIC_MODELS)} or both")
+            if model not in out:
+                out.append(model)
+    return tuple(out)
+
+
 def latency_plot(path, curves: dict, title: str):
     """Mean and p99 latency, and accepted load, against offered load, per fabric model."""
     import matplotlib
@@ -275,8 +291,9 @@ def latency_plot(path, curves: dict, title: str):
               help="Packets created before the window (not measured).")
 @click.option("--window-us", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="The measured window.")
-@click.option("--fabric", type=click.Choice(["packet", "message", "both"]), default="packet", show_default=True,
-              help="Fabric model (as `cmemu run --fabric`), or both.")
+@click.option("--fabric", "fabric", default="packet", show_default=True, metavar="MODEL[,MODEL...]",
+              help="Fabric models (as `cmemu run --fabric`: packet, message, message-bp), comma-separated, each on "
+                   "the same packets; both: packet,message.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--plots", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Also write the latency-load curve as a PNG into DIR.")
@@ -305,7 +322,7 @@ def command(spec, pattern, loads, packet_size, arrival, scope, dies, incast_send
         plots = output_folder(plots)
     line_rate = run_spec.ub.die_ports * run_spec.ub.link_rate_byte_per_s
     wire = run_spec.ub.flit_wire_byte(size + run_spec.ub.header_write_byte)
-    models = ("packet", "message") if fabric == "both" else (fabric,)
+    models = parse_fabrics(fabric)
     curves = {}
     for model in models:
         fab = build_fabric(topo, model=model)
