@@ -19,6 +19,15 @@ from cmemu import kernels
 from conftest import REPO
 
 
+@pytest.fixture(autouse=True)
+def numba_caches_beside_the_source(monkeypatch):
+    """Numba's default: its cache beside the source, as these tests expect, whatever
+    NUMBA_CACHE_DIR the suite runs under (a test that wants it elsewhere sets it itself)."""
+    import numba
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", "")
+
+
 def test_compiles_are_timed_and_told_once(monkeypatch):
     told = []
     monkeypatch.setattr(kernels._COMPILES, "told", False)
