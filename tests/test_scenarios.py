@@ -93,3 +93,34 @@ def test_model_load_strategies_by_hand():
     assert switching["EMS"]["hit_rate_percent"] >= switching["local DRAM cache"]["hit_rate_percent"]
     # One instance alone reads from every socket of the pool, not only its node's: faster.
     assert switching["EMS"]["hit_latency_s"] < switching["local DRAM cache"]["hit_latency_s"]
+
+
+def test_progress_line_from_the_command_only(monkeypatch):
+    """A scenario's replay of a step shows `cmemu run`'s progress line on stderr when run from its
+    command (once the run has taken a while: here at once), none with --quiet, from Python, or
+    in a sweep (run_scenario)."""
+    import io
+
+    import cmemu.run.pipeline as pipeline
+    from cmemu.run.progress import Progress
+
+    made = []
+
+    class Eager(Progress):
+        def __init__(self, total_ops, stream=None, after_s=0.0):
+            super().__init__(total_ops, stream=io.StringIO(), after_s=0.0)
+            made.append(self)
+
+    monkeypatch.setattr(pipeline, "Progress", Eager)
+    monkeypatch.setattr(pipeline, "EVENTS_PER_SLICE", 1 << 10)  # several slices: the line is drawn
+    res = CliRunner().invoke(main, ["scenario", "run", "decode", *SMALL["decode"], "--json"])
+    assert res.exit_code == 0, res.output
+    assert made and all(p.shown for p in made)
+    assert "ops " in made[0].stream.getvalue() and json.loads(res.stdout)["scenario"] == "decode"
+    made.clear()
+    res = CliRunner().invoke(main, ["scenario", "run", "decode", *SMALL["decode"], "-q"])
+    assert res.exit_code == 0 and not made
+    run_scenario("decode", "mini", ep=4, tokens_per_die=8, layers=2, kv_len=256)
+    assert not made
+    with pytest.raises(Exception, match="no option 'quiet'"):
+        run_scenario("decode", "mini", quiet=True)

@@ -44,6 +44,7 @@ def run_scenario(name: str, system: str = DEFAULT_SYSTEM, overrides=(), **option
     defaults for those left out (e.g. ``run_scenario("ub-p2p", "mini", sizes="512", a2a_dies=0)``).
     """
     from cmemu.errors import CmemuError
+    from cmemu.scenarios.common import COMMON_OPTIONS
     from cmemu.spec import load_system
 
     if name not in SCENARIOS:
@@ -51,9 +52,9 @@ def run_scenario(name: str, system: str = DEFAULT_SYSTEM, overrides=(), **option
     command = load_command(name)
     known = {p.name: p for p in command.params}
     for key in options:
-        if key not in known or key in ("system", "overrides", "as_json"):
+        if key not in known or key in COMMON_OPTIONS:
             raise CmemuError(f"scenario '{name}' has no option '{key}'")
-    args = {p.name: p.default for p in command.params if p.name not in ("system", "overrides", "as_json")}
+    args = {p.name: p.default for p in command.params if p.name not in COMMON_OPTIONS}
     for key, value in options.items():
         args[key] = value
     spec = load_system(system, overrides)

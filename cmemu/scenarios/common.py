@@ -1,8 +1,12 @@
-"""What every scenario shares: the --system/--set/--json options and one way to print results.
+"""What every scenario shares: the --system/--set/--json/--quiet options and one way to print results.
 
 Results are a list of rows (dicts) whose keys carry their unit (``latency_us``,
 ``bandwidth_gbyte_per_s``). Text output is a table with those keys as headers; ``--json`` prints
 ``{"scenario", "system", "parameters", "rows"}`` as one JSON document.
+
+Run from its command, a scenario's replays of a step (``run_doc``) show `cmemu run`'s progress line
+on stderr once one has taken a while (``--quiet``: none); run from Python (``run_scenario``) or
+in a sweep, none.
 """
 from __future__ import annotations
 
@@ -17,6 +21,10 @@ from cmemu.options import RUN_OPTIONS
 from cmemu.output.table import format_table
 from cmemu.spec.load import DEFAULT_SYSTEM
 
+# The options every scenario command has that are not the scenario's own (run_scenario, sweeps).
+COMMON_OPTIONS = frozenset({"system", "overrides", "as_json", "quiet"})
+_progress = {"show": False}  # while a scenario runs from its command, without --quiet (run_doc)
+
 
 def scenario_command(name: str, default_system: str = DEFAULT_SYSTEM):
     """Decorate ``fn(spec, **options) -> (parameters, rows)``: rows is a list of dicts (one
@@ -29,14 +37,19 @@ def scenario_command(name: str, default_system: str = DEFAULT_SYSTEM):
         @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
                       help="Override a spec field (repeatable).")
         @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+        @click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr.")
         @functools.wraps(fn)
-        def command(system, overrides, as_json, **options):
+        def command(system, overrides, as_json, quiet, **options):
             from cmemu.spec import load_system
 
             @reports_errors
             def go():
                 spec = load_system(system, overrides)
-                parameters, rows = fn(spec, **options)
+                _progress["show"] = not quiet
+                try:
+                    parameters, rows = fn(spec, **options)
+                finally:
+                    _progress["show"] = False
                 emit(name, spec.name, parameters, rows, as_json)
 
             go()
@@ -89,7 +102,7 @@ def run_doc(doc: dict, spec, **options):
 
     source = TraceDocument(doc, f"<{spec.name} scenario trace>")
     del doc
-    return run_trace(source, spec=spec, progress=False, link_bin_ns=0, **options)
+    return run_trace(source, spec=spec, progress=_progress["show"], link_bin_ns=0, **options)
 
 
 def trace_doc(spec, nodes, groups=None, description=None) -> dict:

@@ -199,8 +199,9 @@ class _Checker:
                 params = load_command(target).params
             except ImportError as exc:
                 self.fail("scenario", f"scenario '{target}' cannot be loaded: {exc}")
-            skip = {"system", "overrides", "as_json"}
-            return {p.name: p for p in params if p.name not in skip}
+            from cmemu.scenarios.common import COMMON_OPTIONS
+
+            return {p.name: p for p in params if p.name not in COMMON_OPTIONS}
         from cmemu.options import RUN_OPTIONS
 
         allowed = {name: o.param() for name, o in RUN_OPTIONS.items() if name in TRACE_OPTIONS}
