@@ -86,6 +86,7 @@ cdef enum:
 # its die-to-die, RDMA and VPC links; more are looked after by the ports' own wake-ups.
 cdef enum:
     HELD_PORTS = 16
+    ACK_NEAR = 16  # ack_push: how far from the end of an initiator's acks a new one is looked for in turn
 cdef int64_t PS_PER_S = 1000000000000
 cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
 # Units of a die's HBM share clock (see hbm_change): 1/HBM_SCALE ps of capacity-time.
@@ -3069,11 +3070,15 @@ cdef class Engine:
                 self.ack_cap[ep] = cap
             lo = self.ack_lo[ep] = 0
         i = lo + n  # at the end: on the packet fabric most come after the others
-        if n > 0 and h[i - 1] > t:
-            # Before the last: after the last one not later than it, found by halving, and those
-            # after it moved up in one copy. (On the message-level fabric a DMA's packets, reserved
-            # over several planes and far ahead, are acked out of order: on the prefill step a new
-            # ack went 119 places before the end of 464, on average, one at a time.)
+        b = i - ACK_NEAR if i - ACK_NEAR > lo else lo
+        while i > b and h[i - 1] > t:  # a few places before the end: moved one at a time
+            h[i] = h[i - 1]
+            i -= 1
+        if i == b and i > lo and h[i - 1] > t:
+            # Further: after the last one not later than it, found by halving, and those after it
+            # moved up in one copy. (On the message-level fabric a DMA's packets, reserved over
+            # several planes and far ahead, are acked out of order: on the prefill step a new ack
+            # went 119 places before the end of 464, on average, one at a time.)
             a = lo
             b = i - 1  # h[b] > t
             while a < b:
