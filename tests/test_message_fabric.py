@@ -289,3 +289,32 @@ def test_link_counters_of_a_wide_bin_past_32_bits(mini):
     assert np.array_equal(series["bytes"], np.asarray(e.link_bytes)[used])
     assert np.array_equal(series["busy_ps"], np.asarray(e.link_busy_ps)[used])
     assert series["bytes"].size == 1 and series["bytes"][0] > size > 2**32 and series["busy_ps"][0] > 2**32  # + headers
+
+
+@pytest.mark.parametrize("model", ["message", "message-bp"])
+def test_acks_far_out_of_order_as_the_reference(model):
+    """An all-to-all among 16 dies of mini, 128 KiB each, with a window of 64 packets (so that the
+    acks' times hold the senders back: 26.1 us against 21.8 us with 1,024): a DMA's packets,
+    reserved ahead over the seven planes, are acked far out of order (1,424 acks went more than
+    16 places before the end of their initiator's list: ack_push's halving), and the engine and
+    the pure-Python reference (a plain sorted list) finish every op and send every packet at
+    the same times."""
+    topo = build_topology(load_system("mini", ["ub.max_outstanding_packets=64"]))
+    dies = list(range(0, 32, 2))
+    table = MessageTable()
+    kinds, rank, op_msg = [], [], []
+    for s in dies:
+        for d in dies:
+            if s != d:
+                i = len(op_msg) // 2
+                table.add(topo, s, d, 1 << 17, "ub", send_op=2 * i, recv_op=2 * i + 1)
+                kinds += [OP_KIND_SEND, OP_KIND_RECV]
+                rank += [s, d]
+                op_msg += [i, i]
+    L = lowered_from_parts(kinds, [0] * len(kinds), [], [], table, op_msg=op_msg, rank=rank)
+    F = build_fabric(topo, model=model)
+    native = simulate(L, F, record_packets=True)
+    ref = simulate(L, F, native=False, record_packets=True)
+    assert np.array_equal(native.op_end_ps, ref.op_end_ps)
+    rn, rr = native.packet_records(), ref.packet_records()
+    assert all(np.array_equal(rn[k], rr[k]) for k in ("start_ps", "link", "msg", "seq"))
