@@ -23,6 +23,26 @@ def assert_same_fields(a, b, skip=()):
             assert x == y, f.name
 
 
+def all_to_all(topo, dies, nbytes: int):
+    """Engine input: every die of ``dies`` writes ``nbytes`` to every other, each message its own
+    send op (on its source) and receive op (on its target), all ready at once."""
+    from cmemu.lower import lowered_from_parts
+    from cmemu.lower.comm import MessageTable
+    from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
+
+    table = MessageTable()
+    kinds, rank, op_msg = [], [], []
+    for s in dies:
+        for d in dies:
+            if s != d:
+                i = len(op_msg) // 2
+                table.add(topo, s, d, nbytes, "ub", send_op=2 * i, recv_op=2 * i + 1)
+                kinds += [OP_KIND_SEND, OP_KIND_RECV]
+                rank += [s, d]
+                op_msg += [i, i]
+    return lowered_from_parts(kinds, [0] * len(kinds), [], [], table, op_msg=op_msg, rank=rank)
+
+
 @pytest.fixture
 def cli(tmp_path):
     """Run the `cmemu` command line in a subprocess, as a user would, from a scratch folder

@@ -12,6 +12,7 @@ from cmemu.run import simulate
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 from cmemu.vocab import OP_KIND_RECV, OP_KIND_SEND
+from conftest import all_to_all
 
 # One plane; the buffer at L1 of a die's port holds seven 4 KB packets and not eight (the least
 # the die-to-die link's credits allow).
@@ -126,18 +127,7 @@ def test_native_and_reference_agree_where_buffers_bind():
     # buffers: they fill, so back-pressure holds senders back (the run is slower than unbounded),
     # and the engine and the pure-Python reference reserve every packet at the same times.
     topo = build_topology(load_system("mini", ["ub.vl_buffer_byte=33000"]))
-    dies = [0, 2, 4, 6, 8, 10, 16, 18, 20, 22, 24, 26]
-    table = MessageTable()
-    kinds, rank, op_msg = [], [], []
-    for s in dies:
-        for d in dies:
-            if s != d:
-                i = len(op_msg) // 2
-                table.add(topo, s, d, 1 << 16, "ub", send_op=2 * i, recv_op=2 * i + 1)
-                kinds += [OP_KIND_SEND, OP_KIND_RECV]
-                rank += [s, d]
-                op_msg += [i, i]
-    L = lowered_from_parts(kinds, [0] * len(kinds), [], [], table, op_msg=op_msg, rank=rank)
+    L = all_to_all(topo, [0, 2, 4, 6, 8, 10, 16, 18, 20, 22, 24, 26], 1 << 16)
     F = build_fabric(topo, model="message-bp")
     native = simulate(L, F, record_packets=True)
     ref = simulate(L, F, native=False, record_packets=True)

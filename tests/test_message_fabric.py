@@ -299,19 +299,10 @@ def test_acks_far_out_of_order_as_the_reference(model):
     16 places before the end of their initiator's list: ack_push's halving), and the engine and
     the pure-Python reference (a plain sorted list) finish every op and send every packet at
     the same times."""
+    from conftest import all_to_all
+
     topo = build_topology(load_system("mini", ["ub.max_outstanding_packets=64"]))
-    dies = list(range(0, 32, 2))
-    table = MessageTable()
-    kinds, rank, op_msg = [], [], []
-    for s in dies:
-        for d in dies:
-            if s != d:
-                i = len(op_msg) // 2
-                table.add(topo, s, d, 1 << 17, "ub", send_op=2 * i, recv_op=2 * i + 1)
-                kinds += [OP_KIND_SEND, OP_KIND_RECV]
-                rank += [s, d]
-                op_msg += [i, i]
-    L = lowered_from_parts(kinds, [0] * len(kinds), [], [], table, op_msg=op_msg, rank=rank)
+    L = all_to_all(topo, list(range(0, 32, 2)), 1 << 17)
     F = build_fabric(topo, model=model)
     native = simulate(L, F, record_packets=True)
     ref = simulate(L, F, native=False, record_packets=True)
