@@ -86,7 +86,10 @@ cdef enum:
 # its die-to-die, RDMA and VPC links; more are looked after by the ports' own wake-ups.
 cdef enum:
     HELD_PORTS = 16
-    ACK_NEAR = 16  # ack_push: how far from the end of an initiator's acks a new one is looked for in turn
+# How far from the end of an initiator's sorted acks a new one is looked for in turn (ack_push);
+# further back, by halving.
+cdef enum:
+    ACK_NEAR = 16
 cdef int64_t PS_PER_S = 1000000000000
 cdef int64_t RATE_64 = 1000000000000000  # 10**15 B/s
 # Units of a die's HBM share clock (see hbm_change): 1/HBM_SCALE ps of capacity-time.
@@ -3054,7 +3057,7 @@ cdef class Engine:
 
     cdef int ack_push(self, int32_t ep, int64_t t) except -1:
         cdef int64_t* h = self.ack_heap[ep]
-        cdef int64_t i, a, b, mid, cap, lo = self.ack_lo[ep], n = self.ini[ep].ack_len
+        cdef int64_t i, near, a, b, mid, cap, lo = self.ack_lo[ep], n = self.ini[ep].ack_len
         if lo + n == self.ack_cap[ep]:
             if lo > 0 and 2 * n <= self.ack_cap[ep]:  # room at the front: move them there
                 memmove(h, h + lo, n * sizeof(int64_t))
@@ -3070,11 +3073,11 @@ cdef class Engine:
                 self.ack_cap[ep] = cap
             lo = self.ack_lo[ep] = 0
         i = lo + n  # at the end: on the packet fabric most come after the others
-        b = i - ACK_NEAR if i - ACK_NEAR > lo else lo
-        while i > b and h[i - 1] > t:  # a few places before the end: moved one at a time
+        near = i - ACK_NEAR if i - ACK_NEAR > lo else lo
+        while i > near and h[i - 1] > t:  # a few places before the end: moved one at a time
             h[i] = h[i - 1]
             i -= 1
-        if i == b and i > lo and h[i - 1] > t:
+        if i == near and i > lo and h[i - 1] > t:
             # Further: after the last one not later than it, found by halving, and those after it
             # moved up in one copy. (On the message-level fabric a DMA's packets, reserved over
             # several planes and far ahead, are acked out of order: on the prefill step a new ack
