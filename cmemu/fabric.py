@@ -130,6 +130,33 @@ class Fabric:
     # link_credit_byte, a full one blocking the link before it (Engine.buf_hold).
     message_backpressure: bool = False
 
+    def direct_sinks(self) -> np.ndarray:
+        """int32 [L]: per link, the die at its far end where a write's arrival may be worked out
+        when the packet starts on the link (the packet fabric's Engine.try_transmit: no arrival
+        event), else -1. The die takes a packet when it arrives (it has no sink rate), so all the
+        arrival does is give its credit back and put it in memory, and the link's credits never
+        hold a packet back: the link sends one packet after another and each holds its credit from
+        its start to its arrival (its serialisation and the link's latency later), so those that
+        hold one at once (those started in the last latency + longest serialisation) are at most
+        that long at line rate plus one more packet; credits at least that never run out. Not a
+        link that fails during the run (a packet on it then is lost when it arrives), and none on
+        the message-level fabric (which reserves writes' paths whole)."""
+        out = np.full(self.link_dst_ep.shape[0], -1, dtype=np.int32)
+        if self.message_lookahead_ps > 0:
+            return out
+        wire = max(self.wire_bytes(path, ptype, int(mtu)) for path, mtu in enumerate(self.path_mtu_byte.tolist())
+                   for ptype in range(4))
+        rate = self.link_rate_byte_per_s.astype(object)  # (exact products, as the engine's 128 bits)
+        ser = (wire * 10**12 + rate - 1) // rate
+        on_link = (rate * (self.link_latency_ps.astype(object) + ser) + 10**12 - 1) // 10**12 + wire
+        dst = self.link_dst_ep
+        sink = np.zeros(dst.shape[0], dtype=np.int64)
+        sink[dst >= 0] = self.ep_sink_byte_per_s[dst[dst >= 0]]
+        ok = (dst >= 0) & (sink == 0) & (self.link_credit_byte.astype(object) >= on_link).astype(bool)
+        ok[self.fail_links] = False
+        out[ok] = dst[ok]
+        return out
+
     def wire_bytes(self, path: int, ptype: int, payload: int) -> int:
         """Bytes a packet occupies on a link: payload + header, in whole flits."""
         flit = int(self.path_flit_byte[path])

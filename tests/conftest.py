@@ -81,7 +81,7 @@ TEST_LAYERS = {
     "frontend": ("test_trace_load", "test_trace_graph", "test_frontend_shortcuts", "test_lowering_blocks",
                  "test_deepseek", "test_prefill", "test_models", "test_import_ascend", "test_import_chakra"),
     "equivalence": ("test_engine", "test_binning", "test_postprocess", "test_hbm_series_groups", "test_property",
-                    "test_message_fabric_mixed_traffic", "test_trace_memory"),
+                    "test_message_fabric_mixed_traffic", "test_trace_memory", "test_direct_sinks"),
     "paper": ("test_deepep_normal_table", "test_gemm_table10", "test_ub_table1"),
     "system": ("test_run", "test_memory", "test_scenarios", "test_sweep", "test_interrupt", "test_hostile_input", "test_robustness",
                "test_output_safety", "test_traffic"),

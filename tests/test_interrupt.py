@@ -31,11 +31,11 @@ INTERRUPTED = "cmemu: interrupted; no output written"
 
 @pytest.fixture(scope="module")
 def big_trace(tmp_path_factory):
-    """All 768 dies of cloudmatrix384 each send 64 messages of 256 KiB to random dies: several
+    """All 768 dies of cloudmatrix384 each send 128 messages of 256 KiB to random dies: several
     seconds of engine time on the development machine, of which a test waits at most two."""
     rnd = random.Random(8)
     dies, nodes = 768, []
-    for k in range(64):
+    for k in range(128):
         for a in range(dies):
             b = (a + 1 + rnd.randrange(dies - 1)) % dies
             nodes.append({"id": len(nodes), "type": "COMM_SEND", "rank": a,

@@ -172,6 +172,9 @@ cdef struct LinkInfo:
     int32_t buf_n
     int32_t buf_cap   # int64s allocated
     int64_t* buf
+    # The packet fabric: the die at the far end if a write's arrival there is worked out when it
+    # starts on the link (fabric.direct_sinks), else -1.
+    int32_t sink_ep
 
 
 cdef struct Packet:
@@ -780,6 +783,9 @@ cdef class Engine:
         self.backpressure = self.lookahead > 0 and getattr(F, "message_backpressure", False)
         for i in range(n_links):
             self.lk[i].buf_limit = <uint32_t>credit[i] if self.backpressure and credit[i] < UINT32_MAX else 0
+        cdef const int32_t[::1] sink_ep = F.direct_sinks()
+        for i in range(n_links):
+            self.lk[i].sink_ep = sink_ep[i]
         self.bin_ps = bin_ps
         self.bin_now = 0
         self.bin_start = 0
@@ -2059,6 +2065,11 @@ cdef class Engine:
                 self.wake_link(nxt, arrive)
             else:
                 self.wake_link(nxt, self.lk[nxt].busy_until)
+        elif (self.lk[link].sink_ep >= 0 and self.pkts[p].ptype == PKT_WRITE
+              and self.mt[self.mrow(self.pkts[p].msg)].ini < self.n_eps):
+            # Its arrival, worked out below (fabric.direct_sinks). Not an AIV's: the arrival ends
+            # its message's ring slot, which aiv_ready takes as free from then.
+            nxt = -2
         else:
             self.push(arrive, EV_PKT_ARRIVE, p)
         if self.lk[link].queued > 0:
@@ -2067,6 +2078,13 @@ cdef class Engine:
             # The packet left prev's receive buffer: its credit goes back to prev's sender.
             self.credits[prev * NUM_VLS + vl] += self.pkts[p].wire
             self.try_transmit(prev)
+        if nxt == -2:
+            # A write to a die that takes it when it arrives, on a link whose credits never run
+            # out: the arrival would give its credit back and put it in memory, nothing else. So
+            # no event: its credit is back now (nothing waits for it), and it is in memory, with
+            # its ack worked out, from its arrival, as on the message-level fabric.
+            self.credits[link * NUM_VLS + vl] += self.pkts[p].wire
+            self.write_absorbed(p, arrive + self.ep_write_lat[self.lk[link].sink_ep])
         return 0
 
     # -- handlers --------------------------------------------------------------------------

@@ -178,6 +178,7 @@ class Engine:
         self.busy_until = [0] * n_links
         self.free_at = [-1] * n_links
         self.link_own_queue = F.link_own_queue.tolist()
+        self.sink_ep = F.direct_sinks().tolist()  # a write's arrival worked out when it starts
         self.queued = [0] * n_links
         self.rr = [0] * n_links
         self.voq_head = [-1] * F.num_voqs
@@ -575,6 +576,8 @@ class Engine:
             pk.ready = arrive
             self.voq_append(nxt, self.link_in_slot[link], p)
             self.wake_link(nxt, arrive if self.lookahead > 0 else max(arrive, self.busy_until[nxt]))
+        elif self.sink_ep[link] >= 0 and pk.ptype == PKT_WRITE and not self.ini_tracked[self.msg_ini[pk.msg]]:
+            nxt = -2  # (Engine.try_transmit)
         else:
             self.push(arrive, EV_PKT_ARRIVE, p)
         if self.queued[link] > 0:
@@ -582,6 +585,9 @@ class Engine:
         if prev >= 0:
             self.credits[prev * NUM_VLS + vl] += pk.wire
             self.try_transmit(prev)
+        if nxt == -2:
+            self.credits[link * NUM_VLS + vl] += pk.wire
+            self.write_absorbed(p, arrive + self.ep_write_lat[self.sink_ep[link]])
 
     # -- handlers --------------------------------------------------------------------------
     def on_op_ready(self, op):
