@@ -10,12 +10,12 @@ import pytest
 from conftest import all_to_all
 
 from cmemu._core import make_engine
-from cmemu.fabric import build_fabric
+from cmemu.fabric import Fabric, build_fabric
 from cmemu.spec import load_system
 from cmemu.topology import build_topology
 
 
-class _Events(type(build_fabric(build_topology(load_system("mini"))))):
+class _Events(Fabric):
     """The same fabric, every arrival an event (the engine before direct sinks)."""
 
     def direct_sinks(self):

@@ -1970,7 +1970,7 @@ cdef class Engine:
         """Start the next packet on an idle link: round robin over its non-empty VOQs whose
         head packet fits in the receiver's credits. (On the message-level fabric, writes held
         at their port by the horizon go first: held_writes.)"""
-        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1, arrive, rr
+        cdef int64_t base, q = 0, n, k, pos = 0, ser, scanned, wake = -1, arrive, rr, row = -1
         cdef int32_t p = -1, prev, vl, nxt, s, d
         if self.lk[link].queued == 0 or not self.lk[link].alive:
             return 0
@@ -2065,13 +2065,15 @@ cdef class Engine:
                 self.wake_link(nxt, arrive)
             else:
                 self.wake_link(nxt, self.lk[nxt].busy_until)
-        elif (self.lk[link].sink_ep >= 0 and self.pkts[p].ptype == PKT_WRITE
-              and self.mt[self.mrow(self.pkts[p].msg)].ini < self.n_eps):
-            # Its arrival, worked out below (fabric.direct_sinks). Not an AIV's: the arrival ends
-            # its message's ring slot, which aiv_ready takes as free from then.
-            nxt = -2
         else:
-            self.push(arrive, EV_PKT_ARRIVE, p)
+            if self.lk[link].sink_ep >= 0 and self.pkts[p].ptype == PKT_WRITE:
+                row = self.mrow(self.pkts[p].msg)
+                if self.mt[row].ini < self.n_eps:
+                    # Its arrival, worked out below (fabric.direct_sinks). Not an AIV's: the
+                    # arrival ends its message's ring slot, which aiv_ready takes as free then.
+                    nxt = -2
+            if nxt != -2:
+                self.push(arrive, EV_PKT_ARRIVE, p)
         if self.lk[link].queued > 0:
             self.wake_link(link, self.now + ser)
         if prev >= 0:
@@ -2084,7 +2086,7 @@ cdef class Engine:
             # no event: its credit is back now (nothing waits for it), and it is in memory, with
             # its ack worked out, from its arrival, as on the message-level fabric.
             self.credits[link * NUM_VLS + vl] += self.pkts[p].wire
-            self.write_absorbed(p, arrive + self.ep_write_lat[self.lk[link].sink_ep])
+            self.write_absorbed(p, arrive + self.ep_write_lat[self.lk[link].sink_ep], -1, row)
         return 0
 
     # -- handlers --------------------------------------------------------------------------
