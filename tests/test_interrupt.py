@@ -455,6 +455,38 @@ def test_an_interrupt_while_the_folder_is_probed_leaves_no_probe(tmp_path, monke
     assert calls and os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("name, at_call", [("open", 2), ("fdopen", 1)])  # os.open's first call is the probe's
+def test_an_interrupt_as_a_temporary_file_is_opened_is_the_interrupt(name, at_call, tmp_path, monkeypatch):
+    # Before, a Ctrl-C that landed after os.fdopen had made the file object and before the file
+    # was in the list (in a sweep, as a point's results.json was written) dropped the object,
+    # which closed the descriptor; closing it again raised EBADF over the interrupt, and the
+    # sweep ended "cannot write .../results.json: Bad file descriptor; nothing written", exit
+    # status 2. One after os.open and before the file was recorded left the temporary file.
+    import cmemu.output.atomic as atomic
+
+    real, calls = getattr(atomic.os, name), []
+
+    def signal_after(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) != at_call:
+            return out
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # Python raises the interrupt at the next instruction,
+            return out  # unless it is held off until the file is recorded
+        except KeyboardInterrupt:
+            if name == "fdopen":  # as io.open does with the object it made: closed as it is dropped
+                out.close()
+            raise
+
+    monkeypatch.setattr(atomic.os, name, signal_after)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.atomic_open(tmp_path / "results.json", "w", encoding="utf-8") as f:
+            f.write("{}")
+    monkeypatch.undo()
+    assert len(calls) >= at_call and os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, INTERRUPTED),
                                                 (signal.SIGTERM, 143, TERMINATED)])
 def test_a_signal_while_the_command_line_imports_is_one_line(signum, code, line):

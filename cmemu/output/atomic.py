@@ -15,7 +15,8 @@ Every command that writes a user-named file goes through here: ``run``'s HDF5 ti
   exclusively (``O_CREAT | O_EXCL``, which never opens a file or link planted at that name;
   h5py's mode "x" does the same), with the permissions a new file gets (0666 less the umask).
   Should that name be taken all the same, the write fails with one line and what is there is
-  left alone.
+  left alone. Interrupts are held off from the file's creation until its file object is kept,
+  so that an interrupt there still has it removed, and is reported as the interrupt.
 - At the end the temporary file is renamed over the target (``os.replace``: atomic, as both are
   in one folder), after the target is checked again (it may have changed during a long run).
   SIGINT and SIGTERM are held off for the renames (``signals_deferred``): several files are
@@ -293,12 +294,16 @@ def atomic_files(paths, mode: str = "wb", inputs=(), **open_kwargs):
     try:
         with _guarded(pending, before_commit=close_all):
             for k in range(len(pending.targets)):
-                fd = pending.create(k)
-                try:
-                    files.append(os.fdopen(fd, mode, **open_kwargs))
-                except BaseException:
-                    os.close(fd)
-                    raise
+                # Interrupts held off from the creation until the file object is in the list:
+                # one between them left the temporary file, or dropped a file object that had
+                # taken the descriptor, which then closed twice (EBADF over the interrupt).
+                with signals_deferred():
+                    fd = pending.create(k)
+                    try:
+                        files.append(os.fdopen(fd, mode, **open_kwargs))
+                    except BaseException:
+                        os.close(fd)
+                        raise
             yield list(files)
     finally:
         for f in files:  # after an exception: closed without a second error over the first
