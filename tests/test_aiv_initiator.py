@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from cmemu.fabric import aiv_initiator, build_fabric
+from cmemu.fabric import AIV_MESSAGES_IN_FLIGHT, aiv_initiator, build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import FLOW_BASE, MessageTable
 from cmemu.run import simulate
@@ -69,6 +69,25 @@ def test_writes_that_do_not_wait_are_pipelined(mini):
     # The core issues the three stores back to back: each reaches the wire one packet's MTE3 time
     # after the one before (their start-ups overlap), on planes of their own.
     assert three == one + 2 * issue
+
+
+@pytest.mark.parametrize("model", ["packet", "message"])
+def test_the_ring_frees_at_a_message_s_ack(model):
+    # An AIV has at most AIV_MESSAGES_IN_FLIGHT (32) messages incomplete. With an MTE start-up of
+    # 2 us, one write's round trip R (start-up included) is longer than the 32 writes' issue
+    # times, so the 33rd of writes that do not wait is held until the first is acked (R), then
+    # takes R itself: 2R in all, the 32 before it done sooner (R + 31 issue times). Before, the
+    # slot freed as the first write's last packet arrived (packet fabric: an ack's trip sooner)
+    # or as it was reserved (message-level: long before).
+    topo = build_topology(load_system("mini", ["comm.aiv_remote_write_startup_ns=2000"]))
+    fabric = build_fabric(topo, model=model)
+    n = AIV_MESSAGES_IN_FLIGHT
+    one = end(stream(topo, 1, 512), fabric)
+    issue = int(fabric.ep_issue_ps[2 * aiv_initiator(topo, 0, 3)])
+    assert (n - 1) * issue < one
+    assert end(stream(topo, n, 512), fabric) == one + (n - 1) * issue
+    assert end(stream(topo, n + 1, 512), fabric) == 2 * one
+    assert end(stream(topo, n + 1, 512), fabric, native=False) == 2 * one
 
 
 def test_prep_overlaps_the_wait(mini):

@@ -2067,12 +2067,11 @@ cdef class Engine:
                 self.wake_link(nxt, self.lk[nxt].busy_until)
         else:
             if self.lk[link].sink_ep >= 0 and self.pkts[p].ptype == PKT_WRITE:
+                # Its arrival, worked out below (fabric.direct_sinks). An AIV's too: its ring
+                # slot and its waits take the ack's time (aiv_ready), not when the books close.
                 row = self.mrow(self.pkts[p].msg)
-                if self.mt[row].ini < self.n_eps:
-                    # Its arrival, worked out below (fabric.direct_sinks). Not an AIV's: the
-                    # arrival ends its message's ring slot, which aiv_ready takes as free then.
-                    nxt = -2
-            if nxt != -2:
+                nxt = -2
+            else:
                 self.push(arrive, EV_PKT_ARRIVE, p)
         if self.lk[link].queued > 0:
             self.wake_link(link, self.now + ser)
@@ -3145,6 +3144,10 @@ cdef class Engine:
         if self.ini[ep].base > t:
             t = self.ini[ep].base
         t += self.mt[row].prep
+        if s >= AIV_RING and self.ring_slot[r0 + s % AIV_RING].t > t:
+            # Its slot frees when the message AIV_RING before is complete (its last ack), not
+            # when its last packet arrives (packet fabric) or is reserved (message-level).
+            t = self.ring_slot[r0 + s % AIV_RING].t
         k = self.mt[row].flow & FLOW_AFTER_MASK
         if k > 0 and s >= k:
             e = r0 + (s - k) % AIV_RING

@@ -576,7 +576,7 @@ class Engine:
             pk.ready = arrive
             self.voq_append(nxt, self.link_in_slot[link], p)
             self.wake_link(nxt, arrive if self.lookahead > 0 else max(arrive, self.busy_until[nxt]))
-        elif self.sink_ep[link] >= 0 and pk.ptype == PKT_WRITE and not self.ini_tracked[self.msg_ini[pk.msg]]:
+        elif self.sink_ep[link] >= 0 and pk.ptype == PKT_WRITE:
             nxt = -2  # (Engine.try_transmit)
         else:
             self.push(arrive, EV_PKT_ARRIVE, p)
@@ -1044,6 +1044,8 @@ class Engine:
         kind = self.msg_kind[m]
         op = self.msg_send_op[m] if kind == MSG_WRITE else self.msg_recv_op[m]
         t = max(self.op_start[op] + self.ep_startup[ep], self.ini_base[ep]) + self.msg_prep[m]
+        if s >= AIV_RING:  # its slot frees at the completion of the message AIV_RING before
+            t = max(t, self.ring_t[k0][s % AIV_RING])
         k = self.msg_flow[m] & FLOW_AFTER_MASK
         if k > 0 and s >= k:
             e = (s - k) % AIV_RING
