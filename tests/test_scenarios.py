@@ -124,3 +124,26 @@ def test_progress_line_from_the_command_only(monkeypatch):
     assert not made
     with pytest.raises(Exception, match="no option 'quiet'"):
         run_scenario("decode", "mini", quiet=True)
+
+
+@pytest.mark.parametrize("slo, largest, missing", [(50.0, 125, 126), (1e9, 96 * 64, None)])
+def test_tpot_slo_search_brackets_the_answer(slo, largest, missing, monkeypatch):
+    # A stand-in for the simulation whose TPOT is 0.4 ms per token per die: the SLO of 50 ms is
+    # met up to 125 tokens. Before, the search stopped after 8 runs and answered 124 (125 never
+    # run). With an SLO no size misses, it stops at 64x the start and says it is a lower bound.
+    import cmemu.scenarios.decode as decode
+
+    ran = []
+
+    def fake_run_decode(spec, cfg, fabric, max_memory, model):
+        ran.append(cfg.tokens_per_die)
+        return {"tokens_per_die": cfg.tokens_per_die, "tpot_61_layers_extrapolated_ms": 0.4 * cfg.tokens_per_die}, {}, []
+
+    monkeypatch.setattr(decode, "run_decode", fake_run_decode)
+    params, tables = run_scenario("decode", "mini", tpot_slo=slo)
+    assert params["largest_tokens_per_die_meeting_slo"] == largest
+    assert params["smallest_tokens_per_die_missing_slo"] == missing
+    assert params["search"].startswith("exact" if missing else "a lower bound")
+    assert [r["tokens_per_die"] for r in tables["runs"]] == ran and len(set(ran)) == len(ran)
+    if missing:
+        assert largest in ran and missing in ran

@@ -19,8 +19,11 @@ Reports, from the simulated timeline (nothing is taken from the paper):
 With fewer than the model's layers (``--layers``; 61 for DeepSeek-R1), the step and TPOT are also
 given extrapolated to the full model from the simulated per-layer time, and marked so (the keys
 name the model's layer count, and again ``all_layers`` for sweeps over models).
-``--tpot-slo MS`` searches the largest tokens per die whose TPOT meets the SLO (bisection over
-simulated runs).
+``--tpot-slo MS`` searches the largest tokens per die whose TPOT meets the SLO: from
+``--tokens-per-die``, doubling while it meets it (at most MAX_SLO_DOUBLINGS times), then bisection
+between the largest size that met it and the smallest that missed, until they are one apart
+(each a simulated run); the answer says whether it is exact or, where no size missed, a lower
+bound.
 """
 from __future__ import annotations
 
@@ -176,6 +179,9 @@ def run_decode(spec, cfg: DecodeConfig, fabric: str = "packet", max_memory: int 
     return decode_metrics(cfg, run_doc(generate(), spec, fabric_model=fabric, max_memory_bytes=max_memory), model)
 
 
+MAX_SLO_DOUBLINGS = 6  # --tpot-slo's reach: 64x the starting tokens per die
+
+
 @scenario_command("decode")
 @click.option("--model", "model_name", default="deepseek-r1", show_default=True, metavar="NAME|CONFIG.json",
               help="A shipped model (`cmemu models`) or a Hugging Face config.json; deepseek-r1 is CloudMatrix-Infer's "
@@ -259,17 +265,22 @@ def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mt
         return params, tables
     key = f"tpot_{total_layers}_layers_extrapolated_ms" if layers < total_layers else "tpot_ms"
     rows = []
-    lo, hi = 0, None
+    lo, hi = 0, None  # the largest tokens per die found to meet the SLO, the smallest found to miss it
     tokens = tokens_per_die
     best = None
-    for _ in range(8):
-        if tokens < int(micro_batches) or (hi is not None and hi - lo <= 1):
-            break
+    doublings = 0
+    while tokens >= int(micro_batches) and (hi is None or hi - lo > 1):
         metrics, _, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory, model)
         rows.append(metrics)
         if metrics[key] is not None and metrics[key] <= tpot_slo:
             best, lo = metrics, tokens
-            tokens = tokens * 2 if hi is None else (lo + hi) // 2
+            if hi is None:
+                if doublings == MAX_SLO_DOUBLINGS:
+                    break
+                doublings += 1
+                tokens *= 2
+            else:
+                tokens = (lo + hi) // 2
         else:
             hi = tokens
             tokens = (lo + hi) // 2
@@ -277,4 +288,11 @@ def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mt
         raise CmemuError(f"no tokens per die down to {max(lo, 1)} meets a TPOT of {tpot_slo} ms")
     params["tpot_slo_ms"] = tpot_slo
     params["largest_tokens_per_die_meeting_slo"] = best["tokens_per_die"]
+    # Exact when the next size up was run and missed; else a lower bound (the search's reach).
+    params["smallest_tokens_per_die_missing_slo"] = hi
+    if hi is None:
+        params["search"] = (f"a lower bound: every size tried up to {lo} tokens per die met the SLO, and the "
+                            f"search goes no further than {2 ** MAX_SLO_DOUBLINGS}x the starting --tokens-per-die")
+    else:
+        params["search"] = f"exact: {lo} tokens per die meet the SLO, {hi} miss it"
     return params, {"runs": rows}
