@@ -4,6 +4,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import TRACES
 
 from cmemu.cli import main
 from cmemu.scenarios import SCENARIOS, run_scenario
@@ -147,3 +148,20 @@ def test_tpot_slo_search_brackets_the_answer(slo, largest, missing, monkeypatch)
     assert [r["tokens_per_die"] for r in tables["runs"]] == ran and len(set(ran)) == len(ran)
     if missing:
         assert largest in ran and missing in ran
+
+
+def test_a_scenario_does_not_warn_of_the_timeline_it_does_not_write(monkeypatch, recwarn):
+    # Before, every 61-layer decode step warned that /tasks keeps fewer pipe intervals per op,
+    # though a scenario writes no timeline. A run from Python, whose result holds /tasks, still
+    # warns.
+    import warnings
+
+    import cmemu.results.pipe_tasks as pipe_tasks
+    from cmemu.run import run_trace
+
+    monkeypatch.setattr(pipe_tasks, "MAX_PIPE_TASK_ROWS", 10)
+    warnings.simplefilter("always")
+    run_scenario("decode", "mini", ep=4, tokens_per_die=8, layers=2, kv_len=256)
+    assert not [w for w in recwarn if pipe_tasks.PIPE_TASKS_CUT in str(w.message)]
+    with pytest.warns(UserWarning, match=pipe_tasks.PIPE_TASKS_CUT):
+        run_trace(TRACES / "mini_moe_layer.json", progress=False)

@@ -8,6 +8,8 @@ import numpy as np
 from cmemu.results.limits import DEFAULT_PIPE_INTERVALS, MAX_PIPE_TASK_ROWS
 from cmemu.results.result import RunResult
 
+PIPE_TASKS_CUT = "the pipe intervals of"  # how the warning that /tasks keeps fewer of them begins
+
 
 def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
                         max_rows: int | None = None, lead: int = 0) -> tuple[dict, int]:
@@ -75,6 +77,6 @@ def pipe_interval_tasks(full: RunResult, max_intervals: int | None = None,
         n //= 2
         rows = table(n)
     if n < n_max:
-        warnings.warn(f"the pipe intervals of {ops.size:,} COMP ops would pass {cap:,} rows at {n_max} per op "
+        warnings.warn(f"{PIPE_TASKS_CUT} {ops.size:,} COMP ops would pass {cap:,} rows at {n_max} per op "
                       f"and pipe; /tasks keeps at most {n} per op and pipe", stacklevel=2)
     return op_rows(ops, cost_of, rows, full.op_start_ps, full.op_end_ps, L.op_rank, lead=lead), n
