@@ -165,3 +165,12 @@ def test_a_scenario_does_not_warn_of_the_timeline_it_does_not_write(monkeypatch,
     assert not [w for w in recwarn if pipe_tasks.PIPE_TASKS_CUT in str(w.message)]
     with pytest.warns(UserWarning, match=pipe_tasks.PIPE_TASKS_CUT):
         run_trace(TRACES / "mini_moe_layer.json", progress=False)
+
+
+def test_tpot_slo_with_both_micro_batch_settings_is_one_error():
+    # Before, a traceback (int('1,2')).
+    res = CliRunner().invoke(main, ["scenario", "run", "decode", "-s", "mini", "--tpot-slo", "50",
+                                    "--micro-batches", "1,2"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines() == ["cmemu: error: --tpot-slo searches with one --micro-batches setting: "
+                                       "give 1 or 2, not 1,2"]

@@ -227,6 +227,8 @@ def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mt
         raise CmemuError(f"--micro-batches must be 1, 2 or 1,2, got {micro_batches!r}") from None
     if not mbs or any(m not in (1, 2) for m in mbs):
         raise CmemuError(f"--micro-batches must be 1, 2 or 1,2, got {micro_batches!r}")
+    if tpot_slo is not None and len(mbs) > 1:
+        raise CmemuError("--tpot-slo searches with one --micro-batches setting: give 1 or 2, not 1,2")
 
     def cfg_for(tokens, mb=mbs[-1]):
         options = dict(ep=ep, tokens_per_die=tokens, kv_len=kv_len, micro_batches=mb, mtp=mtp,
@@ -269,7 +271,7 @@ def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mt
     tokens = tokens_per_die
     best = None
     doublings = 0
-    while tokens >= int(micro_batches) and (hi is None or hi - lo > 1):
+    while tokens >= mbs[0] and (hi is None or hi - lo > 1):
         metrics, _, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory, model)
         rows.append(metrics)
         if metrics[key] is not None and metrics[key] <= tpot_slo:
