@@ -174,3 +174,12 @@ def test_tpot_slo_with_both_micro_batch_settings_is_one_error():
     assert res.exit_code == 2, res.output
     assert res.stderr.splitlines() == ["cmemu: error: --tpot-slo searches with one --micro-batches setting: "
                                        "give 1 or 2, not 1,2"]
+
+
+def test_tpot_slo_without_a_per_layer_time_is_one_error():
+    # Before, a KeyError (--no-mtp on 2 layers: DeepSeek-R1's first 3 layers are dense, so no
+    # two MoE layers to time, and no TPOT extrapolated to its 61 layers).
+    res = CliRunner().invoke(main, ["scenario", "run", "decode", "-s", "mini", "-q", "--no-mtp", "--tpot-slo", "50"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith("cmemu: error: --tpot-slo: the TPOT of all 61 layers cannot be extrapolated "
+                                 "from 2 simulated layer(s)")

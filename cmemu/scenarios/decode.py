@@ -273,8 +273,14 @@ def command(spec, model_name, ep, tokens_per_die, kv_len, micro_batches, mtp, mt
     doublings = 0
     while tokens >= mbs[0] and (hi is None or hi - lo > 1):
         metrics, _, _ = run_decode(spec, cfg_for(tokens), fabric, max_memory, model)
+        if metrics.get(key) is None:
+            # (The per-layer time is the time between two successive layers' ends: with fewer,
+            # the step's TPOT over the model's layers is unknown.)
+            raise CmemuError(f"--tpot-slo: the TPOT of all {total_layers} layers cannot be extrapolated from "
+                             f"{layers} simulated layer(s), which hold fewer than two layers to time; give "
+                             f"more --layers (two of its MoE layers or more), or all {total_layers}")
         rows.append(metrics)
-        if metrics[key] is not None and metrics[key] <= tpot_slo:
+        if metrics[key] <= tpot_slo:
             best, lo = metrics, tokens
             if hi is None:
                 if doublings == MAX_SLO_DOUBLINGS:
