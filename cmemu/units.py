@@ -84,3 +84,11 @@ def parse_sizes(text: str) -> list[int]:
             raise CmemuError(f"'{part[:40]}' is more than 2**53 bytes, the largest size a trace holds")
         out.append(int(num) * _SIZE_SUFFIX[suffix])
     return out
+
+
+def parse_size(text: str, option: str) -> int:
+    """One byte size (parse_sizes' forms) for ``option``, which takes one: a list is an error."""
+    sizes = parse_sizes(text)
+    if len(sizes) != 1:
+        raise CmemuError(f"{option} takes one size in bytes (e.g. 4K), not a list: '{str(text)[:40]}'")
+    return sizes[0]

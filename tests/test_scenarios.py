@@ -183,3 +183,16 @@ def test_tpot_slo_without_a_per_layer_time_is_one_error():
     assert res.exit_code == 2, res.output
     assert res.stderr.startswith("cmemu: error: --tpot-slo: the TPOT of all 61 layers cannot be extrapolated "
                                  "from 2 simulated layer(s)")
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["ub-p2p", "-s", "mini", "--sizes", "64", "--a2a-dies", "32", "--a2a-bytes", "4K,8K"], "--a2a-bytes"),
+    (["faults", "-s", "mini", "--a2a-bytes", "4K,8K"], "--a2a-bytes"),
+    (["traffic", "-s", "mini", "--load", "0.5", "--window-us", "1", "--packet-size", "64,512"], "--packet-size"),
+])
+def test_a_list_where_one_size_is_taken_is_one_error(argv, option):
+    # Before, a traceback (too many values to unpack).
+    res = CliRunner().invoke(main, ["scenario", "run", *argv, "-q"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines() == [f"cmemu: error: {option} takes one size in bytes (e.g. 4K), not a list: "
+                                       f"'{argv[-1]}'"]

@@ -15,7 +15,7 @@ from cmemu.faults import parse_failures
 from cmemu.scenarios.common import scenario_command
 from cmemu.scenarios.ub_p2p import all_to_all
 from cmemu.topology import build_topology
-from cmemu.units import parse_sizes
+from cmemu.units import parse_size
 
 
 def fault_sets(spec):
@@ -38,7 +38,7 @@ def command(spec, a2a_dies, a2a_bytes):
     dies = a2a_dies or min(spec.dies, 2 * dies_per_node)
     if not 2 <= dies <= spec.dies:
         raise CmemuError(f"--a2a-dies must be between 2 and {spec.dies}, got {dies}")
-    (size,) = parse_sizes(a2a_bytes)
+    size = parse_size(a2a_bytes, "--a2a-bytes")
     rows = []
     for label, specs in fault_sets(spec):
         fabric = build_fabric(topo, parse_failures(specs, topo))

@@ -303,11 +303,11 @@ def command(spec, pattern, loads, packet_size, arrival, scope, dies, incast_send
     (uniform, permutation, incast, all-to-all; Bernoulli or Poisson arrivals) on one sub-plane
     or the whole UB fabric: offered vs accepted load, mean and p99 latency, saturation."""
     from cmemu.fabric import build_fabric
-    from cmemu.units import parse_sizes
+    from cmemu.units import parse_size
     from cmemu.topology import build_topology
 
     load_list = parse_loads(loads)
-    (size,) = parse_sizes(packet_size)
+    size = parse_size(packet_size, "--packet-size")
     if size > spec.ub.transport_mtu_byte:
         raise CmemuError(f"--packet-size {size} is more than the transport MTU ({spec.ub.transport_mtu_byte} B): "
                          "one packet per message")

@@ -26,7 +26,7 @@ from cmemu.lower.comm import MessageTable
 from cmemu.run.pipeline import simulate
 from cmemu.scenarios.common import scenario_command
 from cmemu.topology import build_topology
-from cmemu.units import parse_sizes
+from cmemu.units import parse_size, parse_sizes
 from cmemu.vocab import MSG_ATOMIC, MSG_READ, MSG_WRITE, OP_KIND_RECV, OP_KIND_SEND
 
 DEFAULT_SIZES = "64,256,512,1K,4K,16K,64K,256K,1M"
@@ -159,6 +159,6 @@ def command(spec, sizes, ops, a2a_dies, a2a_bytes):
     if a2a_dies:
         if not 2 <= a2a_dies <= topo.num_dies:
             raise CmemuError(f"--a2a-dies must be between 2 and {topo.num_dies}, got {a2a_dies}")
-        (a2a_size,) = parse_sizes(a2a_bytes)
+        a2a_size = parse_size(a2a_bytes, "--a2a-bytes")
         tables["all-to-all"] = [all_to_all(topo, fabric, a2a_dies, a2a_size)]
     return params, tables
