@@ -196,3 +196,13 @@ def test_a_list_where_one_size_is_taken_is_one_error(argv, option):
     assert res.exit_code == 2, res.output
     assert res.stderr.splitlines() == [f"cmemu: error: {option} takes one size in bytes (e.g. 4K), not a list: "
                                        f"'{argv[-1]}'"]
+
+
+def test_ems_beyond_the_die_model_is_one_error():
+    # Before, a traceback (the die model's size limit, a ValueError) where the mla and prefill
+    # scenarios give one line.
+    res = CliRunner().invoke(main, ["scenario", "run", "ems", "--prompt", "24576", "--reuse", "0.9", "-q"])
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("cmemu: error: --prompt 24576: the prefill of 22,016 reused tokens on one die is more")
+    assert line.endswith("; give a shorter --prompt")

@@ -54,8 +54,12 @@ def prefill_compute_ps(die, tokens: int, prompt: int, layers: int) -> int:
         return 0
 
     def t(op, **shape):
-        return node_cost(die, {"cmemu.op": op, "cmemu.dtype": shape.pop("dtype", "int8"),
-                               **{f"cmemu.{k}": v for k, v in shape.items()}}).duration_ps
+        try:
+            return node_cost(die, {"cmemu.op": op, "cmemu.dtype": shape.pop("dtype", "int8"),
+                                   **{f"cmemu.{k}": v for k, v in shape.items()}}).duration_ps
+        except ValueError as exc:  # (the die model's size limit: cmemu.die.model.check_size)
+            raise CmemuError(f"--prompt {prompt}: the prefill of {tokens:,} reused tokens on one die is more than "
+                             f"the die model evaluates ({exc}); give a shorter --prompt") from None
 
     per_layer = (t("gemm", m=tokens, n=Q_LORA, k=HIDDEN) + t("gemm", m=tokens, n=HEADS * (QK_NOPE + QK_ROPE), k=Q_LORA)
                  + t("gemm", m=tokens, n=KV_LORA + QK_ROPE, k=HIDDEN)
