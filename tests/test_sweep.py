@@ -321,3 +321,20 @@ def test_unreachable_scheduler_is_one_error(tmp_path, cli, monkeypatch):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cmemu: error: cannot reach the Dask scheduler at tcp://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("text, kept", [
+    ('{"status": "ok", "parameters": {}, "tables": {"t": [{"a": 1}]}}', True),
+    ('{"status": "ok"}', False),  # before, a KeyError in the summary
+    ('{"status": "ok", "tables": []}', False),  # before, an AttributeError
+    ('{"status": "ok", "tables": {"t": [1, 2]}}', False),
+    ('{"status": "ok", "tables": {"t": []}, "parameters": []}', False),
+    ('{"status": "failed", "tables": {}}', False),
+    ("not json", False),
+])
+def test_a_damaged_results_file_makes_its_point_run_again(text, kept, tmp_path):
+    from cmemu.sweep import _load_results
+
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    assert (_load_results(path) is not None) == kept

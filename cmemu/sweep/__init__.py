@@ -65,11 +65,17 @@ def point_status(out_dir, point: Point) -> str:
 
 
 def _load_results(path: Path):
+    """A point's stored results (run_point's dict), or None where there are none or they are
+    unreadable or not of that shape (damaged, or edited): the point then runs again."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None  # unreadable: run the point again
-    return doc if isinstance(doc, dict) and doc.get("status") == "ok" else None
+        return None
+    if not (isinstance(doc, dict) and doc.get("status") == "ok" and isinstance(doc.get("tables"), dict)
+            and isinstance(doc.get("parameters", {}), dict)
+            and all(isinstance(t, list) and all(isinstance(r, dict) for r in t) for t in doc["tables"].values())):
+        return None
+    return doc
 
 
 def run_sweep(sweep, out_dir, scheduler: str | None = None, workers: int | None = None,
