@@ -206,3 +206,20 @@ def test_ems_beyond_the_die_model_is_one_error():
     (line,) = res.stderr.splitlines()
     assert line.startswith("cmemu: error: --prompt 24576: the prefill of 22,016 reused tokens on one die is more")
     assert line.endswith("; give a shorter --prompt")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["hbm", "-s", "mini", "--sizes", "64", "--window-ns", "nan"], "--window-ns must be a number > 0, got nan"),
+    (["hbm", "-s", "mini", "--sizes", "64", "--window-ns", "inf"], "--window-ns must be a number > 0, got inf"),
+    (["hbm", "-s", "mini", "--sizes", "64", "--window-ns", "1e7"],
+     "--window-ns must be at most 200,000, got 10,000,000.0"),
+    (["model-load", "-s", "mini", "--model-gbyte", "nan"], "--model-gbyte must be a number > 0, got nan"),
+    (["model-load", "-s", "mini", "--instances", "2", "--block-mbyte", "nan"],
+     "--block-mbyte must be a number > 0, got nan"),
+])
+def test_numbers_that_are_not_finite_or_too_big_are_one_error(argv, line):
+    # Before: NaN accepted (hbm) or a traceback (model-load); infinity an OverflowError; 10 ms of
+    # HBM streaming ran out of memory, 1 s asked for 191 GiB.
+    res = CliRunner().invoke(main, ["scenario", "run", *argv, "-q"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines() == [f"cmemu: error: {line}"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import warnings
 
 import click
@@ -88,9 +89,13 @@ def emit(name: str, system: str, parameters: dict, rows, as_json: bool) -> None:
         click.echo(format_table(table))
 
 
-def check_positive(name: str, value) -> None:
-    if value is None or value <= 0:
-        raise CmemuError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+def check_positive(name: str, value, most=None) -> None:
+    """--NAME is a finite number > 0 (and at most ``most``, where given)."""
+    option = f"--{name.replace('_', '-')}"
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise CmemuError(f"{option} must be a number > 0, got {value}")
+    if most is not None and value > most:
+        raise CmemuError(f"{option} must be at most {most:,}, got {value:,}")
 
 
 def run_doc(doc: dict, spec, **options):

@@ -80,6 +80,10 @@ def load_ps(topo, fabric, dies, owners, sample: int) -> int:
 def command(spec, model_gbyte, instances, block_mbyte, sample_kbyte, models, switches, seed):
     """Cold and warm start of a model into N instances and switching among models: no cache, a
     local DRAM cache per node, EMS."""
+    from cmemu.scenarios.common import check_positive
+
+    check_positive("model_gbyte", model_gbyte)  # (a FloatRange lets NaN and infinity through)
+    check_positive("block_mbyte", block_mbyte)
     topo = build_topology(spec)
     fabric = build_fabric(topo)
     if instances > spec.dies:
