@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from cmemu.scenarios.common import scenario_command
+from cmemu.scenarios.common import check_positive, scenario_command
 from cmemu.units import parse_sizes
 
 DEFAULT_SIZES = "32,64,128,256,512,4K,64K,1M"
@@ -45,11 +45,9 @@ MAX_WINDOW_NS = 200_000
 @scenario_command("hbm")
 @click.option("--sizes", default=DEFAULT_SIZES, show_default=True, help="Access sizes (B; K/M suffixes).")
 @click.option("--window-ns", type=float, default=20_000.0, show_default=True,
-              help="Simulated time per streaming measurement (covers several refreshes).")
+              help=f"Simulated time per streaming measurement (covers several refreshes; at most {MAX_WINDOW_NS:,}).")
 def command(spec, sizes, window_ns):
     """HBM streaming read/write/copy bandwidth and latency by access size."""
-    from cmemu.scenarios.common import check_positive
-
     check_positive("window_ns", window_ns, MAX_WINDOW_NS)
     d = spec.die
     params = {"pin_peak_gbyte_per_s": round(d.hbm_pin_peak_byte_per_s / 1e9, 1),

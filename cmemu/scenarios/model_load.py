@@ -44,7 +44,7 @@ from cmemu.fabric import build_fabric
 from cmemu.lower import lowered_from_parts
 from cmemu.lower.comm import MessageTable
 from cmemu.run.pipeline import simulate
-from cmemu.scenarios.common import scenario_command
+from cmemu.scenarios.common import check_positive, scenario_command
 from cmemu.topology import build_topology
 from cmemu.vocab import MSG_READ, OP_KIND_RECV
 
@@ -80,8 +80,6 @@ def load_ps(topo, fabric, dies, owners, sample: int) -> int:
 def command(spec, model_gbyte, instances, block_mbyte, sample_kbyte, models, switches, seed):
     """Cold and warm start of a model into N instances and switching among models: no cache, a
     local DRAM cache per node, EMS."""
-    from cmemu.scenarios.common import check_positive
-
     check_positive("model_gbyte", model_gbyte)  # (a FloatRange lets NaN and infinity through)
     check_positive("block_mbyte", block_mbyte)
     topo = build_topology(spec)
